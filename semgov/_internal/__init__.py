@@ -1,0 +1,1 @@
+"""Internals: no stability promise. Public API lives in ``semgov``."""

@@ -1,0 +1,1 @@
+"""Command-line adapters over the semgov core."""

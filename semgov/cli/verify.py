@@ -1,0 +1,53 @@
+"""``semgov verify-decision``: check decision record signatures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from semgov._internal import log
+from semgov.errors import InputError, SignatureError
+from semgov.keys import load_public_key
+from semgov.records import verify_record
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "verify-decision",
+        help="check the signatures of decision records",
+        description="Verify decision records (JSON Lines, as written by `semgov check --format jsonl` "
+        "or --out) against a public key. Reports every bad record by line; exit 1 if any fails.",
+    )
+    p.add_argument("file", metavar="FILE", help="decision records, one JSON object per line ('-' for stdin)")
+    p.add_argument(
+        "--pubkey", required=True, type=Path, metavar="KEY", help="SubjectPublicKeyInfo PEM public key"
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logger = log.get_logger()
+    key = load_public_key(args.pubkey)
+    name = args.file
+    try:
+        f = open(0 if name == "-" else name, "rb")  # noqa: SIM115
+    except OSError as e:
+        raise InputError(f"cannot open: {e.strerror}", source=name) from e
+    good = bad = 0
+    with f:
+        for n, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                rec = json.loads(raw)
+                if not isinstance(rec, dict):
+                    raise SignatureError("not a JSON object")
+                verify_record(rec, key)
+                good += 1
+            except (ValueError, SignatureError) as e:
+                bad += 1
+                logger.error(f"{name}:{n}: {e}")
+    print(f"{good + bad} records: {good} valid, {bad} invalid")
+    return 1 if bad or good == 0 else 0

@@ -1,0 +1,204 @@
+"""The data path: captured request -> facts -> policy input -> decision -> signed record.
+
+:class:`Evaluator` is the one entry point that ``semgov check``, ``semgov bench``
+and the engine hook share. It never raises for bad candidate data: any error
+becomes a gate ``error`` and a signed ``deny``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from semgov._internal.pii import PiiScanner
+from semgov._internal.timefmt import rfc3339
+from semgov.canonical import canonicalize
+from semgov.capture import MalformedLine
+from semgov.engine import EngineResult, PolicyEngine
+from semgov.facts import FactContext, PreparedPrompt, compute_facts
+from semgov.keys import Keyring, SigningKey
+from semgov.models import DECISION_SCHEMA, GATES, CapturedRequest, GateResult, Span
+from semgov.policy import Policy
+from semgov.policy_input import PolicyInput
+from semgov.records import sign_record
+from semgov.yaml_engine import YamlEngine
+
+
+@dataclass(frozen=True, slots=True)
+class SignedDecision:
+    """A signed decision record and its canonical bytes (one JSON line, no newline)."""
+
+    record: dict[str, Any]
+    canonical: bytes
+
+    @property
+    def decision(self) -> str:
+        return str(self.record["decision"])
+
+    @property
+    def donor_id(self) -> str:
+        return str(self.record["donor_id"])
+
+    @property
+    def approved_spans(self) -> list[dict[str, Any]]:
+        return list(self.record["approved_spans"])
+
+
+def _engine_failure(reason: str) -> EngineResult:
+    return EngineResult(
+        [GateResult.model_construct(gate=g, result="error", detail=reason) for g in GATES], []
+    )
+
+
+def _checked(result: EngineResult, doc: PolicyInput) -> EngineResult:
+    """Fail closed on a malformed engine result or on spans that were not verified.
+
+    NOTE: invariant: an approved span always lies inside a span that token
+    verification found identical, whatever the engine says.
+    """
+    got = tuple(g.gate for g in result.gates)
+    if got != GATES:
+        return _engine_failure(f"engine returned gates {list(got)}, expected {list(GATES)}")
+    if not all(g.result == "pass" for g in result.gates):
+        return EngineResult(result.gates, [])
+    verified = doc.facts.tokens.spans if doc.facts.tokens is not None else []
+    for s in result.approved_spans:
+        ok = any(
+            v.recipient_start <= s.recipient_start
+            and s.recipient_start + s.length <= v.recipient_start + v.length
+            and s.donor_start - s.recipient_start == v.donor_start - v.recipient_start
+            and s.kind == v.kind
+            for v in verified
+        )
+        if not ok:
+            gates = [
+                g
+                if g.gate != "token_verification"
+                else GateResult.model_construct(
+                    gate=g.gate, result="error", detail=f"engine approved an unverified span {s!r}"
+                )
+                for g in result.gates
+            ]
+            return EngineResult(gates, [])
+    if not result.approved_spans:
+        gates = [
+            g
+            if g.gate != "token_verification"
+            else GateResult.model_construct(gate=g.gate, result="fail", detail="no approved spans")
+            for g in result.gates
+        ]
+        return EngineResult(gates, [])
+    return result
+
+
+class Evaluator:
+    """Decides every donor candidate of a captured request and signs each decision."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        keyring: Keyring,
+        signing_key: SigningKey,
+        *,
+        pii_scanner: PiiScanner | None = None,
+        engine: PolicyEngine | None = None,
+    ) -> None:
+        self.policy = policy
+        self.engine: PolicyEngine = engine if engine is not None else YamlEngine(policy)
+        self.signing_key = signing_key
+        self.ctx = FactContext(keyring, pii_scanner if pii_scanner is not None else PiiScanner())
+        self._policy_ref = {
+            "name": policy.name,
+            "version": policy.version,
+            "revision": policy.revision,
+            "engine": self.engine.name,
+        }
+
+    def policy_inputs(self, req: CapturedRequest, now: datetime | None = None) -> list[PolicyInput]:
+        """The policy input document for each candidate (what every engine sees)."""
+        clock = now if now is not None else req.received_at
+        recipient = PreparedPrompt.of(req.prompt)
+        return [
+            compute_facts(req, recipient, c, policy=self.policy, ctx=self.ctx, now=clock)
+            for c in req.candidates
+        ]
+
+    def decide(self, doc: PolicyInput) -> EngineResult:
+        """Run the engine over one document, failing closed on any engine error."""
+        try:
+            return _checked(self.engine.evaluate(doc), doc)
+        except Exception as e:  # noqa: BLE001 - fail closed
+            return _engine_failure(f"policy engine {self.engine.name} failed: {type(e).__name__}: {e}")
+
+    def evaluate(self, req: CapturedRequest, now: datetime | None = None) -> list[SignedDecision]:
+        """Decide and sign every candidate. ``now`` defaults to the request's ``received_at``."""
+        clock = now if now is not None else req.received_at
+        out = []
+        for doc in self.policy_inputs(req, clock):
+            result = self.decide(doc)
+            out.append(self._record(req, doc, result, clock))
+        return out
+
+    def deny_malformed(self, bad: MalformedLine, now: datetime) -> list[SignedDecision]:
+        """Signed denies for the donors a malformed request line asked about (if any are known)."""
+        if bad.request_id is None:
+            return []
+        result = _engine_failure(f"malformed request (line {bad.line}): {bad.reason}")
+        return [
+            self._sign(bad.request_id, bad.tenant, bad.namespace, donor, result, recipient_tokens=0, now=now)
+            for donor in bad.donor_ids
+        ]
+
+    def _record(
+        self, req: CapturedRequest, doc: PolicyInput, result: EngineResult, now: datetime
+    ) -> SignedDecision:
+        return self._sign(
+            req.request_id,
+            req.tenant,
+            req.namespace,
+            doc.candidate.donor_id,
+            result,
+            recipient_tokens=doc.request.prompt_tokens,
+            now=now,
+        )
+
+    def _sign(
+        self,
+        request_id: str,
+        tenant: str,
+        namespace: str,
+        donor_id: str,
+        result: EngineResult,
+        *,
+        recipient_tokens: int,
+        now: datetime,
+    ) -> SignedDecision:
+        allow = all(g.result == "pass" for g in result.gates) and bool(result.approved_spans)
+        spans: list[Span] = result.approved_spans if allow else []
+        unsigned = {
+            "schema": DECISION_SCHEMA,
+            "decision_id": uuid.uuid4().hex,
+            "request_id": request_id,
+            "tenant": tenant,
+            "namespace": namespace,
+            "donor_id": donor_id,
+            "decision": "allow" if allow else "deny",
+            "gates": [{"gate": g.gate, "result": g.result, "detail": g.detail} for g in result.gates],
+            "approved_spans": [
+                {
+                    "recipient_start": s.recipient_start,
+                    "donor_start": s.donor_start,
+                    "length": s.length,
+                    "kind": s.kind,
+                }
+                for s in spans
+            ],
+            "approved_tokens": sum(s.length for s in spans),
+            "recipient_tokens": recipient_tokens,
+            "policy": self._policy_ref,
+            "evaluated_at": rfc3339(now),
+        }
+        record = sign_record(unsigned, self.signing_key)
+        return SignedDecision(record, canonicalize(record))

@@ -1,0 +1,236 @@
+"""Facts first: typed code computes everything a policy needs, per candidate.
+
+Signature validity, provenance payload checks, verified token spans and PII
+findings are computed here, once, and put in the policy input document. Any
+exception while computing a fact is recorded under ``facts.errors`` so that the
+gates depending on it report ``error`` and the decision fails closed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from pydantic import ValidationError
+
+from semgov._internal.pii import PiiScanner
+from semgov._internal.timefmt import rfc3339
+from semgov._internal.tokens import U32, SegmentTable, as_tokens, find_spans, token_hash
+from semgov.canonical import canonicalize
+from semgov.keys import Keyring, verify_signature
+from semgov.models import Candidate, CapturedRequest, Prompt, ProvenancePayload
+from semgov.policy import Policy
+from semgov.policy_input import (
+    CandidateFacts,
+    DonorFacts,
+    Facts,
+    PiiFacts,
+    PolicyInput,
+    ProvenanceFacts,
+    RequestFacts,
+    SpanFacts,
+    TokenFacts,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedPrompt:
+    """A prompt's tokens as an array, its segment table and token hash."""
+
+    tokens: U32
+    segments: SegmentTable
+    sha256: str
+
+    @classmethod
+    def of(cls, prompt: Prompt) -> PreparedPrompt:
+        toks = as_tokens(prompt.token_ids)
+        segs = SegmentTable.from_triples([(s.role, s.start, s.end) for s in prompt.segments])
+        return cls(toks, segs, token_hash(toks))
+
+
+class _Lru:
+    """A bounded map; oldest entries are dropped first."""
+
+    def __init__(self, size: int) -> None:
+        self._d: OrderedDict[object, object] = OrderedDict()
+        self._size = size
+
+    def get(self, key: object) -> object | None:
+        v = self._d.get(key)
+        if v is not None:
+            self._d.move_to_end(key)
+        return v
+
+    def put(self, key: object, value: object) -> None:
+        self._d[key] = value
+        if len(self._d) > self._size:
+            self._d.popitem(last=False)
+
+
+@dataclass
+class FactContext:
+    """What fact computation needs besides the request: trust, PII scanner, caches.
+
+    The signature cache is keyed by everything that was verified (key id, public
+    key, signature, canonical payload bytes), so a hit is exactly as good as a
+    fresh verification.
+    """
+
+    keyring: Keyring
+    pii_scanner: PiiScanner | None = None
+    _sig_cache: _Lru = field(default_factory=lambda: _Lru(65536))
+    _payload_cache: _Lru = field(default_factory=lambda: _Lru(65536))
+
+
+def _provenance_facts(
+    cand: Candidate, donor: PreparedPrompt, ctx: FactContext
+) -> tuple[ProvenanceFacts, ProvenancePayload | None]:
+    prov = cand.provenance
+    trusted = ctx.keyring.get(prov.key_id)
+    key_status: Literal["trusted", "unknown", "revoked"] = (
+        "unknown" if trusted is None else ("revoked" if trusted.revoked else "trusted")
+    )
+    message = canonicalize(prov.payload)
+    sig_ok = False
+    if trusted is not None:
+        ck = (prov.key_id, id(trusted.public_key), prov.signature, message)
+        cached = ctx._sig_cache.get(ck)
+        if cached is None:
+            cached = verify_signature(trusted.public_key, prov.signature, message)
+            ctx._sig_cache.put(ck, cached)
+        sig_ok = bool(cached)
+    parsed = ctx._payload_cache.get(message)
+    if parsed is None:
+        try:
+            parsed = ProvenancePayload.model_validate(prov.payload)
+        except ValidationError as e:
+            err = e.errors(include_url=False)[0]
+            loc = ".".join(str(p) for p in err["loc"]) or "payload"
+            parsed = f"{loc}: {err['msg']}"
+        ctx._payload_cache.put(message, parsed)
+    payload = parsed if isinstance(parsed, ProvenancePayload) else None
+    facts = ProvenanceFacts.model_construct(
+        key_status=key_status,
+        signature_valid=sig_ok,
+        payload_valid=payload is not None,
+        payload_error=None if payload is not None else str(parsed),
+        donor_id_matches=payload is not None and payload.donor_id == cand.donor_id,
+        token_hash_matches=payload is not None and payload.token_ids_sha256 == donor.sha256,
+    )
+    return facts, payload
+
+
+def _donor_facts(p: ProvenancePayload) -> DonorFacts:
+    return DonorFacts.model_construct(
+        tenant=p.tenant,
+        namespace=p.namespace,
+        task=p.task,
+        response_contract=p.response_contract,
+        created_at=rfc3339(p.created_at),
+        expires_at=rfc3339(p.expires_at),
+        created_at_unix=p.created_at.timestamp(),
+        expires_at_unix=p.expires_at.timestamp(),
+        policy_version=p.policy_version,
+        visibility=p.visibility,
+    )
+
+
+def _error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+def compute_facts(
+    req: CapturedRequest,
+    recipient: PreparedPrompt,
+    cand: Candidate,
+    *,
+    policy: Policy,
+    ctx: FactContext,
+    now: datetime,
+) -> PolicyInput:
+    """Build the policy input document for one candidate. Never raises for bad data."""
+    errors: dict[str, str] = {}
+    prov_facts = donor_facts = pii_facts = tok_facts = None
+    payload: ProvenancePayload | None = None
+    donor: PreparedPrompt | None = None
+    try:
+        donor = PreparedPrompt.of(cand.prompt)
+    except Exception as e:  # noqa: BLE001 - fail closed on anything
+        errors["provenance"] = errors["tokens"] = errors["pii"] = f"donor prompt: {_error(e)}"
+    if donor is not None:
+        try:
+            prov_facts, payload = _provenance_facts(cand, donor, ctx)
+            donor_facts = _donor_facts(payload) if payload is not None else None
+        except Exception as e:  # noqa: BLE001
+            errors["provenance"] = _error(e)
+        try:
+            text_entities: frozenset[str] = frozenset()
+            text_scanned = False
+            text = cand.prompt.text
+            if policy.pii.scan_donor_text and text is not None:
+                if ctx.pii_scanner is None:
+                    raise RuntimeError("donor text present but no PII scanner configured")
+                text_entities = ctx.pii_scanner.scan(
+                    text, donor_token_hash=donor.sha256, min_score=policy.pii.min_score
+                )
+                text_scanned = True
+            pii_facts = PiiFacts.model_construct(
+                provenance_scanned=payload.pii.scanned if payload else False,
+                provenance_entities=sorted(payload.pii.entities) if payload else [],
+                text_scanned=text_scanned,
+                text_entities=sorted(text_entities),
+            )
+        except Exception as e:  # noqa: BLE001
+            errors["pii"] = _error(e)
+        try:
+            lcp, spans = find_spans(
+                recipient.tokens,
+                recipient.segments,
+                donor.tokens,
+                donor.segments,
+                min_span=policy.token_verification.min_span_tokens,
+            )
+            tok_facts = TokenFacts.model_construct(
+                recipient_length=len(recipient.tokens),
+                donor_length=len(donor.tokens),
+                common_prefix=lcp,
+                spans=[
+                    SpanFacts.model_construct(
+                        recipient_start=s.recipient_start,
+                        donor_start=s.donor_start,
+                        length=s.length,
+                        kind=s.kind,
+                        recipient_role=s.recipient_role,
+                        donor_role=s.donor_role,
+                    )
+                    for s in spans
+                ],
+            )
+        except Exception as e:  # noqa: BLE001
+            errors["tokens"] = _error(e)
+
+    return PolicyInput.model_construct(
+        schema_="semgov.policy_input/v1",
+        now=rfc3339(now),
+        now_unix=now.timestamp(),
+        request=RequestFacts.model_construct(
+            request_id=req.request_id,
+            tenant=req.tenant,
+            namespace=req.namespace,
+            task=req.task,
+            response_contract=req.response_contract,
+            prompt_tokens=len(req.prompt.token_ids),
+        ),
+        candidate=CandidateFacts.model_construct(
+            donor_id=cand.donor_id,
+            similarity=cand.similarity,
+            prompt_tokens=len(cand.prompt.token_ids),
+            key_id=cand.provenance.key_id,
+            has_text=cand.prompt.text is not None,
+        ),
+        facts=Facts.model_construct(
+            provenance=prov_facts, donor=donor_facts, pii=pii_facts, tokens=tok_facts, errors=errors
+        ),
+    )

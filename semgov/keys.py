@@ -1,0 +1,187 @@
+"""Ed25519 keys: generation, loading, key ids, keyrings, signing and verification."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from semgov.errors import InputError, KeyFileError
+
+PRIVATE_KEY_FILE = "signing-key.pem"
+PUBLIC_KEY_FILE = "signing-key.pub.pem"
+
+
+def key_id_for(public_key: Ed25519PublicKey) -> str:
+    """Stable id of a public key: ``ed25519:`` + first 16 hex of SHA-256 of its raw bytes."""
+    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return "ed25519:" + hashlib.sha256(raw).hexdigest()[:16]
+
+
+def public_pem(public_key: Ed25519PublicKey) -> str:
+    return public_key.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ).decode("ascii")
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    """A private key with the id that decision records name."""
+
+    private_key: Ed25519PrivateKey
+    key_id: str
+
+    @classmethod
+    def from_private(cls, private_key: Ed25519PrivateKey, key_id: str | None = None) -> SigningKey:
+        return cls(private_key, key_id or key_id_for(private_key.public_key()))
+
+    def sign(self, message: bytes) -> str:
+        """Base64 Ed25519 signature over ``message``."""
+        return base64.b64encode(self.private_key.sign(message)).decode("ascii")
+
+    @property
+    def public_key(self) -> Ed25519PublicKey:
+        return self.private_key.public_key()
+
+
+def generate_keypair(out_dir: Path, *, overwrite: bool = False) -> tuple[Path, Path]:
+    """Write a new Ed25519 pair: PKCS#8 PEM private key (mode 0600) and SPKI PEM public key."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    priv_path = out_dir / PRIVATE_KEY_FILE
+    pub_path = out_dir / PUBLIC_KEY_FILE
+    if not overwrite:
+        for p in (priv_path, pub_path):
+            if p.exists():
+                raise KeyFileError("already exists; refusing to overwrite a key", source=str(p))
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    fd = os.open(priv_path, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, pem)
+    finally:
+        os.close(fd)
+    pub_path.write_text(public_pem(key.public_key()), encoding="ascii")
+    return priv_path, pub_path
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise KeyFileError(f"cannot read key file: {e.strerror}", source=str(path)) from e
+
+
+def load_signing_key(path: Path) -> SigningKey:
+    """Load a PKCS#8 PEM Ed25519 private key."""
+    data = _read(path)
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as e:
+        raise KeyFileError(f"not an unencrypted PKCS#8 PEM private key ({e})", source=str(path)) from e
+    if not isinstance(key, Ed25519PrivateKey):
+        raise KeyFileError("not an Ed25519 private key", source=str(path))
+    return SigningKey.from_private(key)
+
+
+def parse_public_pem(data: bytes, *, source: str) -> Ed25519PublicKey:
+    try:
+        key = serialization.load_pem_public_key(data)
+    except (ValueError, TypeError) as e:
+        raise KeyFileError(f"not a SubjectPublicKeyInfo PEM public key ({e})", source=source) from e
+    if not isinstance(key, Ed25519PublicKey):
+        raise KeyFileError("not an Ed25519 public key", source=source)
+    return key
+
+
+def load_public_key(path: Path) -> Ed25519PublicKey:
+    return parse_public_pem(_read(path), source=str(path))
+
+
+def verify_signature(public_key: Ed25519PublicKey, signature_b64: str, message: bytes) -> bool:
+    """True iff ``signature_b64`` is a valid base64 Ed25519 signature over ``message``."""
+    try:
+        sig = base64.b64decode(signature_b64, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    if len(sig) != 64:
+        return False
+    try:
+        public_key.verify(sig, message)
+    except InvalidSignature:
+        return False
+    return True
+
+
+class _KeyEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    key_id: str
+    public_key: str
+    revoked: bool = False
+
+
+class _KeyringFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    keys: list[_KeyEntry]
+
+
+@dataclass(frozen=True)
+class TrustedKey:
+    key_id: str
+    public_key: Ed25519PublicKey
+    revoked: bool
+
+
+class Keyring:
+    """Trusted provenance keys by id. Absent or revoked keys are not trusted."""
+
+    def __init__(self, keys: list[TrustedKey]) -> None:
+        self._keys = {k.key_id: k for k in keys}
+
+    def get(self, key_id: str) -> TrustedKey | None:
+        return self._keys.get(key_id)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    @classmethod
+    def load(cls, path: Path) -> Keyring:
+        """Load ``{"keys": [{"key_id", "public_key" (SPKI PEM), "revoked"}]}``."""
+        src = str(path)
+        raw = _read(path)
+        try:
+            doc = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise InputError(f"keyring is not valid JSON: {e.msg}", source=src, line=e.lineno) from e
+        try:
+            parsed = _KeyringFile.model_validate(doc)
+        except ValidationError as e:
+            err = e.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"])
+            raise InputError(f"invalid keyring: {err['msg']}", source=src, field=loc) from e
+        keys: list[TrustedKey] = []
+        seen: set[str] = set()
+        for i, entry in enumerate(parsed.keys):
+            if entry.key_id in seen:
+                raise InputError(f"duplicate key_id {entry.key_id!r}", source=src, field=f"keys.{i}")
+            seen.add(entry.key_id)
+            pk = parse_public_pem(entry.public_key.encode("ascii", "replace"), source=f"{src} keys.{i}")
+            keys.append(TrustedKey(entry.key_id, pk, entry.revoked))
+        return cls(keys)

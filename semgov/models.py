@@ -1,0 +1,231 @@
+"""Wire types: captured requests, provenance, policy input and decision records.
+
+These pydantic models are the single source of truth for semgov's JSON formats;
+``schemas/*.schema.json`` are generated from them (``semgov schema --write``)
+and a test fails when the checked-in schemas drift.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+CAPTURED_REQUEST_SCHEMA = "semgov.captured_request/v1"
+PROVENANCE_SCHEMA = "semgov.provenance/v1"
+DECISION_SCHEMA = "semgov.decision/v1"
+POLICY_INPUT_SCHEMA = "semgov.policy_input/v1"
+
+Role = Literal["system", "instruction", "evidence", "question", "other"]
+Hex64 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+Id = Annotated[str, StringConstraints(min_length=1, max_length=512)]
+# NOTE: token ids are unsigned 32-bit: the provenance token hash is defined over
+# little-endian uint32, so anything outside that range cannot be hashed faithfully.
+TokenId = Annotated[int, Field(ge=0, le=0xFFFFFFFF)]
+
+
+class _Strict(BaseModel):
+    """Base: unknown keys are errors, values are not coerced across types."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class TaskRef(_Strict):
+    id: Id
+    version: Id
+
+
+class ResponseContract(_Strict):
+    id: Id
+    schema_sha256: Hex64
+
+
+class Segment(_Strict):
+    """Half-open token range ``[start, end)`` with a role."""
+
+    role: Role
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+
+
+class Prompt(_Strict):
+    """Token ids, optional text, and segments that tile the tokens in order."""
+
+    token_ids: list[TokenId]
+    text: str | None = None
+    segments: list[Segment]
+
+    @model_validator(mode="after")
+    def _segments_tile(self) -> Prompt:
+        pos = 0
+        for i, seg in enumerate(self.segments):
+            if seg.start != pos:
+                raise ValueError(
+                    f"segments[{i}] starts at {seg.start}, expected {pos}: "
+                    "segments must tile the prompt in order"
+                )
+            if seg.end <= seg.start:
+                raise ValueError(f"segments[{i}] is empty or reversed ({seg.start}..{seg.end})")
+            pos = seg.end
+        if pos != len(self.token_ids):
+            raise ValueError(f"segments end at {pos} but the prompt has {len(self.token_ids)} tokens")
+        return self
+
+
+class PiiScan(_Strict):
+    scanned: bool
+    entities: list[Annotated[str, StringConstraints(min_length=1, max_length=128)]]
+
+
+class ProvenancePayload(_Strict):
+    """What the donor's producer signed about it."""
+
+    schema_: Literal["semgov.provenance/v1"] = Field(alias="schema")
+    donor_id: Id
+    tenant: Id
+    namespace: Id
+    task: TaskRef
+    response_contract: ResponseContract
+    created_at: AwareDatetime
+    expires_at: AwareDatetime
+    policy_version: Id
+    token_ids_sha256: Hex64
+    pii: PiiScan
+    visibility: Literal["tenant", "public"]
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True, populate_by_name=True)
+
+
+class Provenance(_Strict):
+    """Signed provenance envelope. ``payload`` stays raw JSON: it is what was signed."""
+
+    payload: dict[str, object]
+    key_id: Id
+    signature: Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+
+
+class Candidate(_Strict):
+    donor_id: Id
+    similarity: float = Field(allow_inf_nan=False)
+    prompt: Prompt
+    provenance: Provenance
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+
+    @field_validator("similarity", mode="before")
+    @classmethod
+    def _number(cls, v: object) -> object:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError("similarity must be a number")
+        return v
+
+
+class CapturedRequest(_Strict):
+    """One line of a captured-traffic JSONL file."""
+
+    schema_: Literal["semgov.captured_request/v1"] = Field(alias="schema")
+    request_id: Id
+    received_at: AwareDatetime
+    tenant: Id
+    namespace: Id
+    task: TaskRef
+    response_contract: ResponseContract
+    prompt: Prompt
+    candidates: list[Candidate]
+    expect: dict[str, Literal["allow", "deny"]] | None = None
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _unique_donors(self) -> CapturedRequest:
+        seen: set[str] = set()
+        for c in self.candidates:
+            if c.donor_id in seen:
+                raise ValueError(f"candidate donor_id {c.donor_id!r} appears twice")
+            seen.add(c.donor_id)
+        if self.expect is not None:
+            unknown = sorted(set(self.expect) - seen)
+            if unknown:
+                raise ValueError(f"expect names donors that are not candidates: {unknown}")
+        return self
+
+
+# --- decisions -------------------------------------------------------------
+
+GateName = Literal[
+    "tenant",
+    "namespace",
+    "provenance",
+    "expiry",
+    "policy_version",
+    "pii",
+    "task",
+    "response_contract",
+    "similarity",
+    "token_verification",
+]
+GATES: tuple[GateName, ...] = (
+    "tenant",
+    "namespace",
+    "provenance",
+    "expiry",
+    "policy_version",
+    "pii",
+    "task",
+    "response_contract",
+    "similarity",
+    "token_verification",
+)
+
+
+class GateResult(_Strict):
+    gate: GateName
+    result: Literal["pass", "fail", "error"]
+    detail: str
+
+
+class Span(_Strict):
+    """Token positions that may be copied from donor to recipient."""
+
+    recipient_start: int = Field(ge=0)
+    donor_start: int = Field(ge=0)
+    length: int = Field(ge=1)
+    kind: Literal["prefix", "shifted"]
+
+
+class PolicyRef(_Strict):
+    name: str
+    version: str
+    revision: str
+    engine: str
+
+
+class DecisionRecord(_Strict):
+    """Signed outcome of evaluating one donor candidate for one request."""
+
+    schema_: Literal["semgov.decision/v1"] = Field(alias="schema")
+    decision_id: str
+    request_id: str
+    tenant: str
+    namespace: str
+    donor_id: str
+    decision: Literal["allow", "deny"]
+    gates: list[GateResult]
+    approved_spans: list[Span]
+    approved_tokens: int = Field(ge=0)
+    recipient_tokens: int = Field(ge=0)
+    policy: PolicyRef
+    evaluated_at: datetime
+    key_id: str
+    signature: str
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True, populate_by_name=True)

@@ -1,0 +1,241 @@
+"""Declarative YAML reuse policies: the model, its loader and its revision.
+
+A policy directory holds ``policy.yaml``. Unknown keys, wrong types and bad
+values are rejected at load with ``file:line: field: message``. The revision is
+a content hash of the policy file and is recorded in every decision.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+)
+
+from semgov._internal.yamlload import line_for, load_yaml_with_lines
+from semgov.errors import PolicyError
+from semgov.models import Role
+
+POLICY_FILE = "policy.yaml"
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$")
+_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_SEGMENT = re.compile(r"^[A-Za-z0-9_.:@-]+$")
+
+DEFAULT_REUSABLE_ROLES: tuple[Role, ...] = ("system", "evidence")
+Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,128}$")]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def _check_namespace_pattern(p: str) -> str:
+    """Exact namespace, or ``prefix/*`` for every namespace below ``prefix/``."""
+    body = p[:-2] if p.endswith("/*") else p
+    parts = body.split("/")
+    if not body or any(not s or s in (".", "..") or not _SEGMENT.match(s) for s in parts):
+        raise ValueError(
+            f"bad namespace pattern {p!r}: use an exact namespace like 'research/shared' "
+            "or a subtree like 'research/*' (no empty, '.', '..' or wildcard segments)"
+        )
+    return p
+
+
+def namespace_matches(pattern: str, namespace: str) -> bool:
+    if pattern.endswith("/*"):
+        return namespace.startswith(pattern[:-1]) and len(namespace) > len(pattern) - 1
+    return namespace == pattern
+
+
+class TenantSection(_Section):
+    allow_public_donors: bool = False
+
+
+class SharingRule(_Section):
+    """Donors in ``donor`` may serve recipients in any of ``recipients``."""
+
+    donor: str
+    recipients: list[str] = Field(min_length=1)
+
+    @field_validator("donor")
+    @classmethod
+    def _donor(cls, v: str) -> str:
+        return _check_namespace_pattern(v)
+
+    @field_validator("recipients")
+    @classmethod
+    def _recipients(cls, v: list[str]) -> list[str]:
+        return [_check_namespace_pattern(p) for p in v]
+
+
+class NamespaceSection(_Section):
+    sharing: list[SharingRule] = Field(default_factory=list)
+
+
+class ExpirySection(_Section):
+    # Seconds; YAML may write 3600, "90m", "12h", "30d", "2w".
+    max_age_seconds: int | None = Field(default=None, alias="max_age", gt=0)
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+
+    @field_validator("max_age_seconds", mode="before")
+    @classmethod
+    def _duration(cls, v: object) -> object:
+        if isinstance(v, str):
+            m = _DURATION.match(v)
+            if not m:
+                raise ValueError(f"bad duration {v!r}: use seconds or a number with s, m, h, d or w")
+            return int(m.group(1)) * _UNIT[m.group(2)]
+        return v
+
+
+class PiiSection(_Section):
+    forbidden_entities: list[Annotated[str, StringConstraints(pattern=r"^[A-Z][A-Z0-9_]*$")]] = Field(
+        default_factory=list
+    )
+    # Scan donor text with Presidio when the candidate carries text.
+    scan_donor_text: bool = True
+    # Deny when nothing was scanned: provenance says unscanned and no text is present.
+    require_scan: bool = True
+    min_score: float = Field(default=0.4, ge=0.0, le=1.0)
+
+
+class TaskSection(_Section):
+    # Groups of "id@version" that may share KV with each other.
+    compatible_groups: list[list[Annotated[str, StringConstraints(pattern=r"^[^@\s]+@[^@\s]+$")]]] = Field(
+        default_factory=list
+    )
+
+
+class SimilaritySection(_Section):
+    min: float = Field(default=0.5, ge=0.0, le=1.0)
+
+
+class TokenVerificationSection(_Section):
+    min_span_tokens: int = Field(default=32, ge=1)
+    min_approved_tokens: int = Field(default=64, ge=0)
+    min_approved_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
+    allow_shifted: bool = True
+    reusable_roles: list[Role] = Field(default_factory=lambda: list(DEFAULT_REUSABLE_ROLES))
+
+    @field_validator("reusable_roles")
+    @classmethod
+    def _no_unsafe_roles(cls, v: list[Role]) -> list[Role]:
+        bad = sorted(set(v) & {"question", "instruction", "other"})
+        if bad:
+            raise ValueError(
+                f"shifted spans may never be reused in {bad}: only 'system' and 'evidence' may be listed"
+            )
+        return v
+
+
+class Policy(BaseModel):
+    """A loaded YAML policy. Build with :func:`load_policy`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    name: Name
+    version: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.+-]{1,64}$")]
+    description: str = ""
+    accepted_policy_versions: list[Annotated[str, StringConstraints(min_length=1)]] = Field(
+        default_factory=list
+    )
+    tenant: TenantSection = Field(default_factory=TenantSection)
+    namespace: NamespaceSection = Field(default_factory=NamespaceSection)
+    expiry: ExpirySection = Field(default_factory=ExpirySection)
+    pii: PiiSection = Field(default_factory=PiiSection)
+    task: TaskSection = Field(default_factory=TaskSection)
+    similarity: SimilaritySection = Field(default_factory=SimilaritySection)
+    token_verification: TokenVerificationSection = Field(default_factory=TokenVerificationSection)
+    _revision: str = PrivateAttr(default="")
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_str(cls, v: object) -> object:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            raise ValueError(f'write the version as a string, e.g. version: "{v}"')
+        return v
+
+    @property
+    def revision(self) -> str:
+        """Content hash of the policy file (``sha256:<hex>``), recorded in every decision."""
+        return self._revision
+
+    @property
+    def ref(self) -> str:
+        """``name@version``: what provenance ``policy_version`` names."""
+        return f"{self.name}@{self.version}"
+
+    @cached_property
+    def accepted_versions(self) -> frozenset[str]:
+        return frozenset([self.ref, *self.accepted_policy_versions])
+
+    @cached_property
+    def compatible_tasks(self) -> dict[str, frozenset[str]]:
+        out: dict[str, set[str]] = {}
+        for group in self.task.compatible_groups:
+            for t in group:
+                out.setdefault(t, set()).update(group)
+        return {k: frozenset(v) for k, v in out.items()}
+
+
+def policy_revision(content: bytes) -> str:
+    return "sha256:" + hashlib.sha256(content).hexdigest()
+
+
+def parse_policy(content: bytes, source: str) -> Policy:
+    """Parse and validate policy YAML bytes; errors name ``source:line``."""
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PolicyError(f"not UTF-8 text (byte {e.start})", source=source) from e
+    data, lines = load_yaml_with_lines(text, source)
+    if not isinstance(data, dict):
+        raise PolicyError(
+            "a policy must be a YAML mapping with at least 'name' and 'version'", source=source, line=1
+        )
+    try:
+        policy = Policy.model_validate(data)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        loc = tuple(err["loc"])
+        field = ".".join(str(p) for p in loc)
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+        else:
+            got = err.get("input")
+            if not isinstance(got, (dict, list)):
+                msg = f"{msg} (got {got!r})"
+        more = len(e.errors()) - 1
+        if more:
+            msg += f" [and {more} more problem{'s' if more > 1 else ''}]"
+        raise PolicyError(msg, source=source, line=line_for(lines, loc) or 1, field=field) from e
+    policy._revision = policy_revision(content)
+    return policy
+
+
+def load_policy(path: Path) -> Policy:
+    """Load a policy from a directory holding ``policy.yaml``, or from a YAML file."""
+    file = path / POLICY_FILE if path.is_dir() else path
+    try:
+        content = file.read_bytes()
+    except FileNotFoundError as e:
+        hint = f" (expected {POLICY_FILE} in the policy directory)" if path.is_dir() else ""
+        raise PolicyError(f"policy file not found{hint}", source=str(file)) from e
+    except OSError as e:
+        raise PolicyError(f"cannot read policy: {e.strerror}", source=str(file)) from e
+    return parse_policy(content, str(file))

@@ -1,0 +1,57 @@
+"""Canonical JSON: the fast path is byte-identical to the rfc8785 reference."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import rfc8785
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from semgov.canonical import canonicalize
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**53) + 1, 2**53 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=8), children, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(json_values)
+def test_matches_reference(value: object) -> None:
+    """For any JSON value the output equals rfc8785.dumps (or both refuse it)."""
+    try:
+        want = rfc8785.dumps(value)
+    except rfc8785.CanonicalizationError:
+        with pytest.raises(rfc8785.CanonicalizationError):
+            canonicalize(value)
+        return
+    assert canonicalize(value) == want
+
+
+@pytest.mark.parametrize("x", [1.0, 1e-7, 1e21, 123456789012345680.0, 5e-324, -0.0, 0.1, 1e16, 0.0001])
+def test_floats_at_notation_edges(x: float) -> None:
+    """Floats where Python and ECMAScript notations differ still match the reference."""
+    assert canonicalize({"x": x}) == rfc8785.dumps({"x": x})
+
+
+def test_non_finite_and_huge_ints_are_refused() -> None:
+    """NaN, infinity and integers beyond 2**53 cannot be canonicalized."""
+    for bad in (math.nan, math.inf, 2**60):
+        with pytest.raises(rfc8785.CanonicalizationError):
+            canonicalize({"x": bad})
+
+
+def test_key_order_is_utf16() -> None:
+    """Keys sort by UTF-16 code units (astral characters before U+E000-U+FFFF)."""
+    value = {"\ue000": 1, "\U0001f600": 2}
+    assert canonicalize(value) == rfc8785.dumps(value)
+    assert canonicalize(value).index("\U0001f600".encode()) < canonicalize(value).index("\ue000".encode())
