@@ -14,12 +14,12 @@ from typing import Any
 
 from semgov._internal.pii import PiiScanner
 from semgov._internal.timefmt import rfc3339
-from semgov.canonical import canonicalize
+from semgov.canonical import canonicalize_record
 from semgov.capture import MalformedLine
-from semgov.engine import EngineResult, PolicyEngine
+from semgov.engine import ApprovedSpan, EngineResult, GateOutcome, PolicyEngine
 from semgov.facts import FactContext, PreparedPrompt, compute_facts
 from semgov.keys import Keyring, SigningKey
-from semgov.models import DECISION_SCHEMA, GATES, CapturedRequest, GateResult, Span
+from semgov.models import DECISION_SCHEMA, GATES, CapturedRequest
 from semgov.policy import Policy
 from semgov.policy_input import PolicyInput
 from semgov.records import sign_record
@@ -47,9 +47,7 @@ class SignedDecision:
 
 
 def _engine_failure(reason: str) -> EngineResult:
-    return EngineResult(
-        [GateResult.model_construct(gate=g, result="error", detail=reason) for g in GATES], []
-    )
+    return EngineResult([GateOutcome(gate=g, result="error", detail=reason) for g in GATES], [])
 
 
 def _checked(result: EngineResult, doc: PolicyInput) -> EngineResult:
@@ -76,7 +74,7 @@ def _checked(result: EngineResult, doc: PolicyInput) -> EngineResult:
             gates = [
                 g
                 if g.gate != "token_verification"
-                else GateResult.model_construct(
+                else GateOutcome(
                     gate=g.gate, result="error", detail=f"engine approved an unverified span {s!r}"
                 )
                 for g in result.gates
@@ -86,7 +84,7 @@ def _checked(result: EngineResult, doc: PolicyInput) -> EngineResult:
         gates = [
             g
             if g.gate != "token_verification"
-            else GateResult.model_construct(gate=g.gate, result="fail", detail="no approved spans")
+            else GateOutcome(gate=g.gate, result="fail", detail="no approved spans")
             for g in result.gates
         ]
         return EngineResult(gates, [])
@@ -176,7 +174,7 @@ class Evaluator:
         now: datetime,
     ) -> SignedDecision:
         allow = all(g.result == "pass" for g in result.gates) and bool(result.approved_spans)
-        spans: list[Span] = result.approved_spans if allow else []
+        spans: list[ApprovedSpan] = result.approved_spans if allow else []
         unsigned = {
             "schema": DECISION_SCHEMA,
             "decision_id": uuid.uuid4().hex,
@@ -201,4 +199,4 @@ class Evaluator:
             "evaluated_at": rfc3339(now),
         }
         record = sign_record(unsigned, self.signing_key)
-        return SignedDecision(record, canonicalize(record))
+        return SignedDecision(record, canonicalize_record(record))

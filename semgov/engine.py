@@ -3,10 +3,29 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
-from semgov.models import GateResult, Span
+from semgov.models import GateName
 from semgov.policy_input import PolicyInput
+
+
+@dataclass(frozen=True, slots=True)
+class GateOutcome:
+    """One gate's result (the record's ``gates[]`` entry)."""
+
+    gate: GateName
+    result: Literal["pass", "fail", "error"]
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovedSpan:
+    """Token positions the policy approves for copying (the record's ``approved_spans[]``)."""
+
+    recipient_start: int
+    donor_start: int
+    length: int
+    kind: Literal["prefix", "shifted"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,8 +36,8 @@ class EngineResult:
     ignored otherwise.
     """
 
-    gates: list[GateResult]
-    approved_spans: list[Span]
+    gates: list[GateOutcome]
+    approved_spans: list[ApprovedSpan]
 
 
 class PolicyEngine(Protocol):

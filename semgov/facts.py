@@ -37,17 +37,16 @@ from semgov.policy_input import (
 
 @dataclass(frozen=True, slots=True)
 class PreparedPrompt:
-    """A prompt's tokens as an array, its segment table and token hash."""
+    """A prompt's tokens as an array and its segment table."""
 
     tokens: U32
     segments: SegmentTable
-    sha256: str
 
     @classmethod
     def of(cls, prompt: Prompt) -> PreparedPrompt:
         toks = as_tokens(prompt.token_ids)
         segs = SegmentTable.from_triples([(s.role, s.start, s.end) for s in prompt.segments])
-        return cls(toks, segs, token_hash(toks))
+        return cls(toks, segs)
 
 
 class _Lru:
@@ -85,7 +84,7 @@ class FactContext:
 
 
 def _provenance_facts(
-    cand: Candidate, donor: PreparedPrompt, ctx: FactContext
+    cand: Candidate, donor: PreparedPrompt, donor_sha256: str, ctx: FactContext
 ) -> tuple[ProvenanceFacts, ProvenancePayload | None]:
     prov = cand.provenance
     trusted = ctx.keyring.get(prov.key_id)
@@ -111,19 +110,19 @@ def _provenance_facts(
             parsed = f"{loc}: {err['msg']}"
         ctx._payload_cache.put(message, parsed)
     payload = parsed if isinstance(parsed, ProvenancePayload) else None
-    facts = ProvenanceFacts.model_construct(
+    facts = ProvenanceFacts(
         key_status=key_status,
         signature_valid=sig_ok,
         payload_valid=payload is not None,
         payload_error=None if payload is not None else str(parsed),
         donor_id_matches=payload is not None and payload.donor_id == cand.donor_id,
-        token_hash_matches=payload is not None and payload.token_ids_sha256 == donor.sha256,
+        token_hash_matches=payload is not None and payload.token_ids_sha256 == donor_sha256,
     )
     return facts, payload
 
 
 def _donor_facts(p: ProvenancePayload) -> DonorFacts:
-    return DonorFacts.model_construct(
+    return DonorFacts(
         tenant=p.tenant,
         namespace=p.namespace,
         task=p.task,
@@ -155,13 +154,15 @@ def compute_facts(
     prov_facts = donor_facts = pii_facts = tok_facts = None
     payload: ProvenancePayload | None = None
     donor: PreparedPrompt | None = None
+    donor_sha256 = ""
     try:
         donor = PreparedPrompt.of(cand.prompt)
+        donor_sha256 = token_hash(donor.tokens)
     except Exception as e:  # noqa: BLE001 - fail closed on anything
         errors["provenance"] = errors["tokens"] = errors["pii"] = f"donor prompt: {_error(e)}"
     if donor is not None:
         try:
-            prov_facts, payload = _provenance_facts(cand, donor, ctx)
+            prov_facts, payload = _provenance_facts(cand, donor, donor_sha256, ctx)
             donor_facts = _donor_facts(payload) if payload is not None else None
         except Exception as e:  # noqa: BLE001
             errors["provenance"] = _error(e)
@@ -173,10 +174,13 @@ def compute_facts(
                 if ctx.pii_scanner is None:
                     raise RuntimeError("donor text present but no PII scanner configured")
                 text_entities = ctx.pii_scanner.scan(
-                    text, donor_token_hash=donor.sha256, min_score=policy.pii.min_score
+                    text,
+                    donor_token_hash=donor_sha256,
+                    min_score=policy.pii.min_score,
+                    phone_regions=tuple(policy.pii.phone_regions),
                 )
                 text_scanned = True
-            pii_facts = PiiFacts.model_construct(
+            pii_facts = PiiFacts(
                 provenance_scanned=payload.pii.scanned if payload else False,
                 provenance_entities=sorted(payload.pii.entities) if payload else [],
                 text_scanned=text_scanned,
@@ -192,12 +196,12 @@ def compute_facts(
                 donor.segments,
                 min_span=policy.token_verification.min_span_tokens,
             )
-            tok_facts = TokenFacts.model_construct(
+            tok_facts = TokenFacts(
                 recipient_length=len(recipient.tokens),
                 donor_length=len(donor.tokens),
                 common_prefix=lcp,
                 spans=[
-                    SpanFacts.model_construct(
+                    SpanFacts(
                         recipient_start=s.recipient_start,
                         donor_start=s.donor_start,
                         length=s.length,
@@ -211,11 +215,10 @@ def compute_facts(
         except Exception as e:  # noqa: BLE001
             errors["tokens"] = _error(e)
 
-    return PolicyInput.model_construct(
-        schema_="semgov.policy_input/v1",
+    return PolicyInput(
         now=rfc3339(now),
         now_unix=now.timestamp(),
-        request=RequestFacts.model_construct(
+        request=RequestFacts(
             request_id=req.request_id,
             tenant=req.tenant,
             namespace=req.namespace,
@@ -223,14 +226,12 @@ def compute_facts(
             response_contract=req.response_contract,
             prompt_tokens=len(req.prompt.token_ids),
         ),
-        candidate=CandidateFacts.model_construct(
+        candidate=CandidateFacts(
             donor_id=cand.donor_id,
             similarity=cand.similarity,
             prompt_tokens=len(cand.prompt.token_ids),
             key_id=cand.provenance.key_id,
             has_text=cand.prompt.text is not None,
         ),
-        facts=Facts.model_construct(
-            provenance=prov_facts, donor=donor_facts, pii=pii_facts, tokens=tok_facts, errors=errors
-        ),
+        facts=Facts(provenance=prov_facts, donor=donor_facts, pii=pii_facts, tokens=tok_facts, errors=errors),
     )

@@ -23,6 +23,7 @@ from pydantic import (
     field_validator,
 )
 
+from semgov._internal.pii import DEFAULT_PHONE_REGIONS
 from semgov._internal.yamlload import line_for, load_yaml_with_lines
 from semgov.errors import PolicyError
 from semgov.models import Role
@@ -109,6 +110,11 @@ class PiiSection(_Section):
     # Deny when nothing was scanned: provenance says unscanned and no text is present.
     require_scan: bool = True
     min_score: float = Field(default=0.4, ge=0.0, le=1.0)
+    # Regions whose national phone formats are recognised (ISO 3166 alpha-2 as
+    # Presidio/phonenumbers spell them). "+CC" international numbers are always found.
+    phone_regions: list[Annotated[str, StringConstraints(pattern=r"^[A-Z]{2}$")]] = Field(
+        default_factory=lambda: list(DEFAULT_PHONE_REGIONS), min_length=1
+    )
 
 
 class TaskSection(_Section):

@@ -11,7 +11,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import ValidationError
 
-from semgov.canonical import canonicalize
+from semgov.canonical import canonicalize, canonicalize_record
 from semgov.errors import SignatureError
 from semgov.keys import SigningKey, key_id_for, verify_signature
 from semgov.models import DecisionRecord
@@ -21,7 +21,7 @@ def sign_record(unsigned: dict[str, Any], key: SigningKey) -> dict[str, Any]:
     """Return ``unsigned`` plus ``key_id`` and ``signature`` (the input is not modified)."""
     body = {**unsigned, "key_id": key.key_id}
     body.pop("signature", None)
-    body["signature"] = key.sign(canonicalize(body))
+    body["signature"] = key.sign(canonicalize_record(body))
     return body
 
 

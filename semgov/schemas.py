@@ -8,13 +8,12 @@ from pydantic import BaseModel
 
 from semgov.models import CapturedRequest, DecisionRecord, ProvenancePayload
 from semgov.policy import Policy
-from semgov.policy_input import PolicyInput
+from semgov.policy_input import json_schema as policy_input_schema
 
 SCHEMAS: dict[str, tuple[type[BaseModel], str, str]] = {
     "captured_request.schema.json": (CapturedRequest, "validation", "semgov.captured_request/v1"),
     "provenance.schema.json": (ProvenancePayload, "validation", "semgov.provenance/v1"),
     "decision.schema.json": (DecisionRecord, "serialization", "semgov.decision/v1"),
-    "policy_input.schema.json": (PolicyInput, "serialization", "semgov.policy_input/v1"),
     "policy.schema.json": (Policy, "validation", "semgov policy.yaml"),
 }
 
@@ -26,4 +25,8 @@ def render_all() -> dict[str, str]:
         schema = model.model_json_schema(mode=mode, by_alias=True)  # type: ignore[arg-type]
         schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": title, **schema}
         out[name] = json.dumps(schema, indent=2, sort_keys=True) + "\n"
-    return out
+    pi = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "semgov.policy_input/v1"}
+    out["policy_input.schema.json"] = (
+        json.dumps({**pi, **policy_input_schema()}, indent=2, sort_keys=True) + "\n"
+    )
+    return dict(sorted(out.items()))

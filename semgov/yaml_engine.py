@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from semgov.engine import EngineResult
-from semgov.models import GATES, GateName, GateResult, Span
+from semgov.engine import ApprovedSpan, EngineResult, GateOutcome
+from semgov.models import GATES, GateName
 from semgov.policy import Policy, namespace_matches
 from semgov.policy_input import DonorFacts, PolicyInput, SpanFacts
 
@@ -215,13 +215,13 @@ class YamlEngine:
         self.policy = policy
 
     def evaluate(self, doc: PolicyInput) -> EngineResult:
-        results: list[GateResult] = []
+        results: list[GateOutcome] = []
         errors = doc.facts.errors
         for gate, fn in GATE_FUNCS.items():
             # NOTE: every gate runs for every candidate, whatever earlier gates said.
             fact = GATE_FACT[gate]
             if fact is not None and fact in errors:
-                results.append(GateResult.model_construct(gate=gate, result="error", detail=errors[fact]))
+                results.append(GateOutcome(gate=gate, result="error", detail=errors[fact]))
                 continue
             res: Literal["pass", "fail", "error"]
             try:
@@ -231,11 +231,11 @@ class YamlEngine:
                 res, detail = "fail", str(e)
             except Exception as e:  # noqa: BLE001 - fail closed
                 res, detail = "error", f"{type(e).__name__}: {e}"
-            results.append(GateResult.model_construct(gate=gate, result=res, detail=detail))
-        spans: list[Span] = []
+            results.append(GateOutcome(gate=gate, result=res, detail=detail))
+        spans: list[ApprovedSpan] = []
         if all(r.result == "pass" for r in results):
             spans = [
-                Span.model_construct(
+                ApprovedSpan(
                     recipient_start=s.recipient_start, donor_start=s.donor_start, length=s.length, kind=s.kind
                 )
                 for s in approved_spans(self.policy, doc)

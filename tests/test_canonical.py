@@ -55,3 +55,18 @@ def test_key_order_is_utf16() -> None:
     value = {"\ue000": 1, "\U0001f600": 2}
     assert canonicalize(value) == rfc8785.dumps(value)
     assert canonicalize(value).index("\U0001f600".encode()) < canonicalize(value).index("\ue000".encode())
+
+
+def test_record_fast_path_matches_reference(evaluator: object, keys: object) -> None:
+    """Signed decision records (allow and deny, odd ids) canonicalize exactly as RFC 8785 says."""
+    from semgov import Evaluator
+    from semgov.canonical import canonicalize_record
+    from tests.conftest import candidate, parse, request
+
+    assert isinstance(evaluator, Evaluator)
+    req = request(
+        [candidate(keys, "dönör-ü\u2028"), candidate(keys, "b", tenant='x"\\\n\x01')],  # type: ignore[arg-type]
+        request_id="r-\U0001f600-\ue000",
+    )
+    for d in evaluator.evaluate(parse(req)):
+        assert canonicalize_record(d.record) == rfc8785.dumps(d.record) == d.canonical

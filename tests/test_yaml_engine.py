@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from semgov import Evaluator
-from semgov.engine import EngineResult
-from semgov.models import GATES, GateResult, Span
+from semgov.engine import ApprovedSpan, EngineResult, GateOutcome
+from semgov.models import GATES
 from tests.conftest import (
     EVIDENCE,
     QUESTION,
@@ -318,8 +318,8 @@ class _Engine:
         return self.fn(doc)  # type: ignore[no-any-return]
 
 
-def _all_pass(spans: list[Span]) -> EngineResult:
-    return EngineResult([GateResult(gate=g, result="pass", detail="") for g in GATES], spans)
+def _all_pass(spans: list[ApprovedSpan]) -> EngineResult:
+    return EngineResult([GateOutcome(gate=g, result="pass", detail="") for g in GATES], spans)
 
 
 @pytest.mark.parametrize(
@@ -327,8 +327,8 @@ def _all_pass(spans: list[Span]) -> EngineResult:
     [
         lambda doc: (_ for _ in ()).throw(TimeoutError("engine timed out")),
         lambda doc: EngineResult([], []),
-        lambda doc: _all_pass([Span(recipient_start=0, donor_start=5, length=10, kind="shifted")]),
-        lambda doc: _all_pass([Span(recipient_start=0, donor_start=0, length=10_000, kind="prefix")]),
+        lambda doc: _all_pass([ApprovedSpan(recipient_start=0, donor_start=5, length=10, kind="shifted")]),
+        lambda doc: _all_pass([ApprovedSpan(recipient_start=0, donor_start=0, length=10_000, kind="prefix")]),
         lambda doc: _all_pass([]),
     ],
     ids=["raises", "no-gates", "unverified-span", "span-past-end", "allow-without-spans"],

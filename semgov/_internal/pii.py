@@ -22,21 +22,32 @@ from typing import Any
 os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")
 
 
+DEFAULT_PHONE_REGIONS: tuple[str, ...] = ("US", "GB", "FR", "IL", "IN", "CA", "BR")
+
+
 class PiiScanner:
-    """Scan text for PII entity types; thread-safe, lazily initialised, LRU-cached."""
+    """Scan text for PII entity types; thread-safe, lazily initialised, LRU-cached.
+
+    ``phone_regions`` are the regions whose national number formats Presidio's
+    phone recognizer looks for (international ``+CC`` numbers are found whatever
+    the regions). Presidio's default list includes ``DE``, whose short formats
+    match ordinary decimals such as "164.2 million"; semgov leaves DE out by default.
+    """
 
     def __init__(self, *, cache_size: int = 4096) -> None:
-        self._analyzer: Any = None
+        self._analyzers: dict[tuple[str, ...], Any] = {}
         self._lock = threading.Lock()
-        self._cache: OrderedDict[tuple[str, str, float], frozenset[str]] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str, float, tuple[str, ...]], frozenset[str]] = OrderedDict()
         self._cache_size = cache_size
         self.scans = 0  # number of real Presidio scans run (cache misses)
 
-    def _engine(self) -> Any:
-        if self._analyzer is None:
+    def _engine(self, phone_regions: tuple[str, ...]) -> Any:
+        analyzer = self._analyzers.get(phone_regions)
+        if analyzer is None:
             import spacy
             from presidio_analyzer import AnalyzerEngine, RecognizerRegistry
             from presidio_analyzer.nlp_engine import SpacyNlpEngine
+            from presidio_analyzer.predefined_recognizers import PhoneRecognizer
 
             class _BlankSpacyEngine(SpacyNlpEngine):
                 """Presidio spaCy engine over ``spacy.blank('en')``: no model download."""
@@ -51,18 +62,30 @@ class PiiScanner:
             nlp.load()
             registry = RecognizerRegistry(supported_languages=["en"])
             registry.load_predefined_recognizers(nlp_engine=nlp, languages=["en"])
-            self._analyzer = AnalyzerEngine(registry=registry, nlp_engine=nlp, supported_languages=["en"])
-        return self._analyzer
+            registry.remove_recognizer("PhoneRecognizer")
+            registry.add_recognizer(PhoneRecognizer(supported_regions=phone_regions))
+            analyzer = AnalyzerEngine(registry=registry, nlp_engine=nlp, supported_languages=["en"])
+            self._analyzers[phone_regions] = analyzer
+        return analyzer
 
-    def scan(self, text: str, *, donor_token_hash: str, min_score: float) -> frozenset[str]:
+    def scan(
+        self,
+        text: str,
+        *,
+        donor_token_hash: str,
+        min_score: float,
+        phone_regions: tuple[str, ...] = DEFAULT_PHONE_REGIONS,
+    ) -> frozenset[str]:
         """Entity types found in ``text`` with score >= ``min_score``."""
-        key = (donor_token_hash, hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(), min_score)
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        key = (donor_token_hash, digest, min_score, phone_regions)
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-            results = self._engine().analyze(text=text, language="en", score_threshold=min_score)
+            engine = self._engine(phone_regions)
+            results = engine.analyze(text=text, language="en", score_threshold=min_score)
             self.scans += 1
             found = frozenset(r.entity_type for r in results)
             self._cache[key] = found
