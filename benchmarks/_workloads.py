@@ -50,7 +50,12 @@ class Workload:
             recip = donor
         elif cohort == "question_variant":
             recip = _prompt(
-                [("system", sys_), ("instruction", instr), ("evidence", evidence), ("question", self._toks(30))]
+                [
+                    ("system", sys_),
+                    ("instruction", instr),
+                    ("evidence", evidence),
+                    ("question", self._toks(30)),
+                ]
             )
         elif cohort == "shifted":
             recip = _prompt(
@@ -58,7 +63,12 @@ class Workload:
             )
         elif cohort == "unrelated":
             recip = _prompt(
-                [("system", sys_), ("instruction", instr), ("evidence", self._toks(len(evidence))), ("question", q)]
+                [
+                    ("system", sys_),
+                    ("instruction", instr),
+                    ("evidence", self._toks(len(evidence))),
+                    ("question", q),
+                ]
             )
         else:
             recip = donor

@@ -46,8 +46,10 @@ def main() -> int:
     w = Workload(seed=1)
     ev = Evaluator(load_policy(ROOT / "policies" / "default"), w.keyring, w.decision_key)
     print(f"decision latency per candidate (1 core, n={args.n} per row, policy default, engine yaml)")
-    print(f"{'tokens':>7} {'cohort':<18} {'decision':<8} {'p50 us':>8} {'p90 us':>8} {'p99 us':>8} "
-          f"{'max us':>8} {'<1ms':>6}")
+    print(
+        f"{'tokens':>7} {'cohort':<18} {'decision':<8} {'p50 us':>8} {'p90 us':>8} {'p99 us':>8} "
+        f"{'max us':>8} {'<1ms':>6}"
+    )
     worst_p99 = 0.0
     for size in args.sizes:
         for cohort in COHORTS:
@@ -68,8 +70,10 @@ def main() -> int:
                 decision = d.decision
             under = sum(x < 1000 for x in ts) / len(ts)
             worst_p99 = max(worst_p99, pct(ts, 0.99))
-            print(f"{size:>7} {cohort:<18} {decision:<8} {pct(ts, .5):>8.0f} {pct(ts, .9):>8.0f} "
-                  f"{pct(ts, .99):>8.0f} {max(ts):>8.0f} {under:>6.1%}")
+            print(
+                f"{size:>7} {cohort:<18} {decision:<8} {pct(ts, 0.5):>8.0f} {pct(ts, 0.9):>8.0f} "
+                f"{pct(ts, 0.99):>8.0f} {max(ts):>8.0f} {under:>6.1%}"
+            )
     print(f"worst p99: {worst_p99:.0f} us (target < 1000 us)")
     return 0
 

@@ -15,15 +15,22 @@ from semgov.cli.main import main
 from tests.conftest import DEFAULT_POLICY_DIR, ROOT
 
 EX = ROOT / "examples"
-ARGS = ["--policy", str(DEFAULT_POLICY_DIR), "--trust", str(EX / "keyring.json"),
-        "--signing-key", str(EX / "keys" / "decision-signing-key.pem")]
+ARGS = [
+    "--policy",
+    str(DEFAULT_POLICY_DIR),
+    "--trust",
+    str(EX / "keyring.json"),
+    "--signing-key",
+    str(EX / "keys" / "decision-signing-key.pem"),
+]
 
 
 def test_generator_reproduces_the_shipped_file(tmp_path: Path) -> None:
     """Running the generator with defaults gives the shipped file byte for byte."""
     out = tmp_path / "w.jsonl.gz"
-    subprocess.run([sys.executable, str(EX / "generate_workload.py"), "--out", str(out)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, str(EX / "generate_workload.py"), "--out", str(out)], check=True, capture_output=True
+    )
     assert out.read_bytes() == (EX / "captured.jsonl.gz").read_bytes()
 
 
