@@ -178,6 +178,7 @@ def compute_facts(
                     donor_token_hash=donor_sha256,
                     min_score=policy.pii.min_score,
                     phone_regions=tuple(policy.pii.phone_regions),
+                    entities=tuple(sorted(policy.pii.forbidden_entities)),
                 )
                 text_scanned = True
             pii_facts = PiiFacts(

@@ -77,6 +77,12 @@ class DonorFacts:
 
 @dataclass(frozen=True, slots=True)
 class PiiFacts:
+    """PII findings: what provenance declared, and semgov's own scan of donor text.
+
+    ``text_entities`` lists the policy's forbidden types found in the donor text
+    (semgov scans for exactly those types).
+    """
+
     __pydantic_config__ = _CONFIG
     provenance_scanned: bool
     provenance_entities: list[str]
