@@ -6,12 +6,13 @@ a cohort here is the token-level shape of a (recipient, donor) pair.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from semgov import Keyring, SigningKey, canonicalize, tokens_sha256
+from semgov import Keyring, SigningKey, provenance_payload, sign_provenance
 from semgov.keys import TrustedKey
 
 CONTRACT = {"id": "financials", "schema_sha256": "ab" * 32}
@@ -72,28 +73,25 @@ class Workload:
             )
         else:
             recip = donor
-        payload = {
-            "schema": "semgov.provenance/v1",
-            "donor_id": f"d-{self.n}",
-            "tenant": "globex" if cohort == "other_tenant" else "acme",
-            "namespace": "research/entity-001",
-            "task": TASK,
-            "response_contract": CONTRACT,
-            "created_at": "2026-11-28T10:00:00Z",
-            "expires_at": "2026-12-05T10:00:00Z",
-            "policy_version": "default@1",
-            "token_ids_sha256": tokens_sha256(donor["token_ids"]),
-            "pii": {"scanned": True, "entities": []},
-            "visibility": "tenant",
-        }
-        sig = self.prov.sign(canonicalize(payload))
-        if cohort == "tampered":
-            payload = {**payload, "expires_at": "2027-12-05T10:00:00Z"}
+        payload = provenance_payload(
+            donor_id=f"d-{self.n}",
+            tenant="globex" if cohort == "other_tenant" else "acme",
+            namespace="research/entity-001",
+            task=TASK,
+            response_contract=CONTRACT,
+            created_at=datetime(2026, 11, 28, 10, tzinfo=UTC),
+            expires_at=datetime(2026, 12, 5, 10, tzinfo=UTC),
+            policy_version="default@1",
+            token_ids=donor["token_ids"],
+        )
+        provenance = sign_provenance(payload, self.prov)
+        if cohort == "tampered":  # edited after signing
+            provenance["payload"] = {**payload, "expires_at": "2027-12-05T10:00:00Z"}
         cand = {
             "donor_id": f"d-{self.n}",
             "similarity": 0.9,
             "prompt": donor,
-            "provenance": {"payload": payload, "key_id": "k1", "signature": sig},
+            "provenance": provenance,
         }
         return {
             "schema": "semgov.captured_request/v1",

@@ -425,27 +425,23 @@ class Keys:
 
 
 def payload(donor: Call, prompt: Json, **changes: Any) -> Json:
-    created = donor.received_at
-    p: Json = {
-        "schema": "semgov.provenance/v1",
-        "donor_id": donor.request_id,
-        "tenant": donor.entity.tenant,
-        "namespace": donor.entity.namespace,
-        "task": {"id": donor.task.id, "version": "1"},
-        "response_contract": donor.contract,
-        "created_at": rfc3339(created),
-        "expires_at": rfc3339(created + TTL),
-        "policy_version": POLICY_VERSION,
-        "token_ids_sha256": semgov.tokens_sha256(prompt["token_ids"]),
-        "pii": {"scanned": True, "entities": []},
-        "visibility": "tenant",
-    }
+    p: Json = semgov.provenance_payload(
+        donor_id=donor.request_id,
+        tenant=donor.entity.tenant,
+        namespace=donor.entity.namespace,
+        task={"id": donor.task.id, "version": "1"},
+        response_contract=donor.contract,
+        created_at=donor.received_at,
+        expires_at=donor.received_at + TTL,
+        policy_version=POLICY_VERSION,
+        token_ids=prompt["token_ids"],
+    )
     p.update(changes)
     return p
 
 
 def sign(p: Json, key: SigningKey) -> Json:
-    return {"payload": p, "key_id": key.key_id, "signature": key.sign(semgov.canonicalize(p))}
+    return semgov.sign_provenance(p, key)
 
 
 REALISTIC = {  # cohort: (expected decision, similarity range, weight)

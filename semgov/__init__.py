@@ -6,6 +6,7 @@ Public API by task:
 - policies: :func:`load_policy`, :func:`parse_policy`, :class:`Policy`
 - keys: :func:`generate_keypair`, :func:`load_signing_key`, :func:`load_public_key`, :class:`Keyring`
 - records: :func:`verify_record`, :func:`canonicalize`
+- provenance (producer side): :func:`provenance_payload`, :func:`sign_provenance`
 - tokens: :func:`tokens_sha256` (the provenance token hash)
 """
 
@@ -18,6 +19,7 @@ from semgov.errors import InputError, KeyFileError, PolicyError, SemgovError, Si
 from semgov.keys import Keyring, SigningKey, generate_keypair, load_public_key, load_signing_key
 from semgov.models import CapturedRequest, DecisionRecord
 from semgov.policy import Policy, load_policy, parse_policy
+from semgov.provenance import provenance_payload, sign_provenance
 from semgov.records import sign_record, verify_record
 
 __version__ = "0.1.0"
@@ -47,6 +49,8 @@ __all__ = [
     "load_public_key",
     "load_signing_key",
     "parse_policy",
+    "provenance_payload",
+    "sign_provenance",
     "sign_record",
     "tokens_sha256",
     "verify_record",

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import copy
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from semgov import Evaluator, Keyring, SigningKey, canonicalize, load_policy, tokens_sha256
+from semgov import Evaluator, Keyring, SigningKey, load_policy, provenance_payload, sign_provenance
 from semgov._internal.pii import PiiScanner
 from semgov.keys import TrustedKey
 from semgov.models import CapturedRequest
@@ -68,20 +69,18 @@ def pii_scanner() -> PiiScanner:
 
 
 def payload_for(donor_id: str, prompt: dict[str, Any], **over: Any) -> dict[str, Any]:
-    p: dict[str, Any] = {
-        "schema": "semgov.provenance/v1",
-        "donor_id": donor_id,
-        "tenant": "acme",
-        "namespace": "research/entity-042",
-        "task": dict(TASK),
-        "response_contract": dict(CONTRACT),
-        "created_at": "2026-11-28T10:00:00Z",
-        "expires_at": "2026-12-05T10:00:00Z",
-        "policy_version": "default@1",
-        "token_ids_sha256": tokens_sha256(prompt["token_ids"]),
-        "pii": {"scanned": True, "entities": []},
-        "visibility": "tenant",
-    }
+    """A valid payload for the standard donor; ``over`` replaces fields (even with invalid values)."""
+    p = provenance_payload(
+        donor_id=donor_id,
+        tenant="acme",
+        namespace="research/entity-042",
+        task=TASK,
+        response_contract=CONTRACT,
+        created_at=datetime(2026, 11, 28, 10, tzinfo=UTC),
+        expires_at=datetime(2026, 12, 5, 10, tzinfo=UTC),
+        policy_version="default@1",
+        token_ids=prompt["token_ids"],
+    )
     p.update(over)
     return p
 
@@ -108,11 +107,7 @@ def candidate(
         "donor_id": donor_id,
         "similarity": similarity,
         "prompt": prompt,
-        "provenance": {
-            "payload": payload,
-            "key_id": key.key_id,
-            "signature": key.sign(canonicalize(payload)),
-        },
+        "provenance": sign_provenance(payload, key),
     }
 
 
