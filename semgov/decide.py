@@ -7,6 +7,7 @@ becomes a gate ``error`` and a signed ``deny``.
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -59,11 +60,16 @@ def _checked(result: EngineResult, doc: PolicyInput) -> EngineResult:
     got = tuple(g.gate for g in result.gates)
     if got != GATES:
         return _engine_failure(f"engine returned gates {list(got)}, expected {list(GATES)}")
+    for g in result.gates:
+        if g.result not in ("pass", "fail", "error") or not isinstance(g.detail, str):
+            return _engine_failure(f"engine returned a malformed outcome for gate {g.gate}: {g.result!r}")
     if not all(g.result == "pass" for g in result.gates):
         return EngineResult(result.gates, [])
     verified = doc.facts.tokens.spans if doc.facts.tokens is not None else []
+    ordered = sorted(result.approved_spans, key=lambda s: s.recipient_start)
+    overlap = any(a.recipient_start + a.length > b.recipient_start for a, b in itertools.pairwise(ordered))
     for s in result.approved_spans:
-        ok = any(
+        ok = not overlap and any(
             v.recipient_start <= s.recipient_start
             and s.recipient_start + s.length <= v.recipient_start + v.length
             and s.donor_start - s.recipient_start == v.donor_start - v.recipient_start
@@ -75,7 +81,9 @@ def _checked(result: EngineResult, doc: PolicyInput) -> EngineResult:
                 g
                 if g.gate != "token_verification"
                 else GateOutcome(
-                    gate=g.gate, result="error", detail=f"engine approved an unverified span {s!r}"
+                    gate=g.gate,
+                    result="error",
+                    detail=f"engine approved overlapping or unverified spans, e.g. {s!r}",
                 )
                 for g in result.gates
             ]

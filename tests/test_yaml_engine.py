@@ -330,8 +330,18 @@ def _all_pass(spans: list[ApprovedSpan]) -> EngineResult:
         lambda doc: _all_pass([ApprovedSpan(recipient_start=0, donor_start=5, length=10, kind="shifted")]),
         lambda doc: _all_pass([ApprovedSpan(recipient_start=0, donor_start=0, length=10_000, kind="prefix")]),
         lambda doc: _all_pass([]),
+        lambda doc: _all_pass([ApprovedSpan(recipient_start=0, donor_start=0, length=20, kind="prefix")] * 2),
+        lambda doc: EngineResult([GateOutcome(gate=g, result="ok", detail="") for g in GATES], []),  # type: ignore[arg-type]
     ],
-    ids=["raises", "no-gates", "unverified-span", "span-past-end", "allow-without-spans"],
+    ids=[
+        "raises",
+        "no-gates",
+        "unverified-span",
+        "span-past-end",
+        "allow-without-spans",
+        "duplicate-span",
+        "junk-result",
+    ],
 )
 def test_engine_misbehaviour_denies(keys: Keys, default_policy: Any, pii_scanner: Any, result: Any) -> None:
     """Engines that raise, omit gates or approve unverified spans never produce an allow."""

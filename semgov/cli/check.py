@@ -6,12 +6,12 @@ import argparse
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import UTC
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
 from semgov._internal import log
-from semgov._internal.timefmt import parse_rfc3339, rfc3339
+from semgov._internal.timefmt import parse_rfc3339
 from semgov.capture import MalformedLine, read_captured
 from semgov.decide import Evaluator, SignedDecision
 from semgov.errors import InputError
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
             if isinstance(item, MalformedLine):
                 tally.malformed += 1
                 logger.error(f"{args.captured}:{item.line}: skipped malformed request: {item.reason}")
-                clock = now if now is not None else parse_rfc3339(rfc3339_now())
+                clock = now if now is not None else datetime.now(UTC)
                 for d in ev.deny_malformed(item, clock):
                     emit(d)
                 continue
@@ -180,9 +180,3 @@ def run(args: argparse.Namespace) -> int:
         logger.error(f"{tally.malformed} malformed line(s) in {args.captured}")
         return 2
     return 1 if tally.mismatches else 0
-
-
-def rfc3339_now() -> str:
-    from datetime import datetime
-
-    return rfc3339(datetime.now(UTC))

@@ -50,4 +50,6 @@ def run(args: argparse.Namespace) -> int:
                 bad += 1
                 logger.error(f"{name}:{n}: {e}")
     print(f"{good + bad} records: {good} valid, {bad} invalid")
+    if good + bad == 0:
+        logger.error(f"{name}: no decision records found")
     return 1 if bad or good == 0 else 0
