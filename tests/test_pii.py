@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from semgov._internal.pii import PiiScanner
 
 FINANCIAL = "Revenue rose to $1,164.3 million; 164.2 million diluted shares; margin 18.3% on 2026-09-30."
@@ -43,3 +45,19 @@ def test_cache_is_keyed_by_donor_text_and_settings() -> None:
     s.scan("plain words!", donor_token_hash="a", min_score=0.4)
     s.scan("plain words", donor_token_hash="a", min_score=0.5)
     assert s.scans == 3
+
+
+def test_email_validation_never_fetches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Even with a suffix-list URL in the environment, emails are validated without any lookup."""
+    monkeypatch.setenv("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "http://192.0.2.1/unreachable.dat")
+    lookups: list[object] = []
+
+    def no_network(*a: object, **k: object) -> None:
+        lookups.append(a)
+        raise OSError("network disabled in this test")
+
+    monkeypatch.setattr("socket.getaddrinfo", no_network)
+    monkeypatch.setattr("socket.create_connection", no_network)
+    found = PiiScanner().scan("reach me at ops@example.co.uk", donor_token_hash="t4", min_score=0.4)
+    assert "EMAIL_ADDRESS" in found
+    assert lookups == []

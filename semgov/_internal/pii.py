@@ -12,15 +12,9 @@ hash and text hash: one scan per donor, never one per candidate.
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 from collections import OrderedDict
 from typing import Any
-
-# NOTE: must be set before tldextract is imported (by Presidio's email
-# recognizer): an empty list means "use the bundled suffix list, no network".
-os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")
-
 
 DEFAULT_PHONE_REGIONS: tuple[str, ...] = ("US", "GB", "FR", "IL", "IN", "CA", "BR")
 
@@ -45,9 +39,20 @@ class PiiScanner:
         analyzer = self._analyzers.get(phone_regions)
         if analyzer is None:
             import spacy
+            import tldextract
             from presidio_analyzer import AnalyzerEngine, RecognizerRegistry
             from presidio_analyzer.nlp_engine import SpacyNlpEngine
-            from presidio_analyzer.predefined_recognizers import PhoneRecognizer
+            from presidio_analyzer.predefined_recognizers import EmailRecognizer, PhoneRecognizer
+
+            # NOTE: Presidio's email recognizer validates domains with tldextract's
+            # module-level extractor, which fetches the public suffix list over the
+            # network unless configured before import. Ours never fetches: it uses
+            # the suffix list bundled with tldextract, whatever the host did first.
+            offline = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
+
+            class _OfflineEmailRecognizer(EmailRecognizer):
+                def validate_result(self, pattern_text: str) -> bool:
+                    return offline(pattern_text).fqdn != ""
 
             class _BlankSpacyEngine(SpacyNlpEngine):
                 """Presidio spaCy engine over ``spacy.blank('en')``: no model download."""
@@ -64,6 +69,8 @@ class PiiScanner:
             registry.load_predefined_recognizers(nlp_engine=nlp, languages=["en"])
             registry.remove_recognizer("PhoneRecognizer")
             registry.add_recognizer(PhoneRecognizer(supported_regions=phone_regions))
+            registry.remove_recognizer("EmailRecognizer")
+            registry.add_recognizer(_OfflineEmailRecognizer())
             analyzer = AnalyzerEngine(registry=registry, nlp_engine=nlp, supported_languages=["en"])
             self._analyzers[phone_regions] = analyzer
         return analyzer
