@@ -17,14 +17,12 @@ from semgov._internal.pii import PiiScanner
 from semgov._internal.timefmt import rfc3339
 from semgov.canonical import canonicalize_record
 from semgov.capture import MalformedLine
-from semgov.engine import ApprovedSpan, EngineResult, GateOutcome, PolicyEngine
+from semgov.engine import ApprovedSpan, EngineResult, GateOutcome, PolicyEngine, PolicySource
 from semgov.facts import FactContext, PreparedPrompt, compute_facts
 from semgov.keys import Keyring, SigningKey
 from semgov.models import DECISION_SCHEMA, GATES, CapturedRequest
-from semgov.policy import Policy
 from semgov.policy_input import PolicyInput
 from semgov.records import sign_record
-from semgov.yaml_engine import YamlEngine
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +102,7 @@ class Evaluator:
 
     def __init__(
         self,
-        policy: Policy,
+        policy: PolicySource,
         keyring: Keyring,
         signing_key: SigningKey,
         *,
@@ -112,7 +110,7 @@ class Evaluator:
         engine: PolicyEngine | None = None,
     ) -> None:
         self.policy = policy
-        self.engine: PolicyEngine = engine if engine is not None else YamlEngine(policy)
+        self.engine: PolicyEngine = engine if engine is not None else policy.make_engine()
         self.signing_key = signing_key
         self.ctx = FactContext(keyring, pii_scanner if pii_scanner is not None else PiiScanner())
         self._policy_ref = {
@@ -127,25 +125,45 @@ class Evaluator:
         clock = now if now is not None else req.received_at
         recipient = PreparedPrompt.of(req.prompt)
         return [
-            compute_facts(req, recipient, c, policy=self.policy, ctx=self.ctx, now=clock)
+            compute_facts(req, recipient, c, config=self.policy.fact_config, ctx=self.ctx, now=clock)
             for c in req.candidates
         ]
 
     def decide(self, doc: PolicyInput) -> EngineResult:
         """Run the engine over one document, failing closed on any engine error."""
         try:
-            return _checked(self.engine.evaluate(doc), doc)
+            result: EngineResult | Exception = self.engine.evaluate(doc)
+        except Exception as e:  # noqa: BLE001 - fail closed
+            result = e
+        return self._settle(result, doc)
+
+    def decide_all(self, docs: list[PolicyInput]) -> list[EngineResult]:
+        """:meth:`decide` for each document; one engine call when the engine has ``evaluate_many``."""
+        many = getattr(self.engine, "evaluate_many", None)
+        if many is None:
+            return [self.decide(doc) for doc in docs]
+        try:
+            results: list[EngineResult | Exception] = list(many(docs))
+            if len(results) != len(docs):
+                raise ValueError(f"evaluate_many gave {len(results)} results for {len(docs)} documents")
+        except Exception as e:  # noqa: BLE001 - fail closed
+            results = [e] * len(docs)
+        return [self._settle(r, doc) for r, doc in zip(results, docs, strict=True)]
+
+    def _settle(self, result: EngineResult | Exception, doc: PolicyInput) -> EngineResult:
+        """The checked result; an exception, or a result failing the checks, denies with every gate error."""
+        try:
+            if isinstance(result, Exception):
+                raise result
+            return _checked(result, doc)
         except Exception as e:  # noqa: BLE001 - fail closed
             return _engine_failure(f"policy engine {self.engine.name} failed: {type(e).__name__}: {e}")
 
     def evaluate(self, req: CapturedRequest, now: datetime | None = None) -> list[SignedDecision]:
         """Decide and sign every candidate. ``now`` defaults to the request's ``received_at``."""
         clock = now if now is not None else req.received_at
-        out = []
-        for doc in self.policy_inputs(req, clock):
-            result = self.decide(doc)
-            out.append(self._record(req, doc, result, clock))
-        return out
+        docs = self.policy_inputs(req, clock)
+        return [self._record(req, doc, r, clock) for doc, r in zip(docs, self.decide_all(docs), strict=True)]
 
     def deny_malformed(self, bad: MalformedLine, now: datetime) -> list[SignedDecision]:
         """Signed denies for the donors a malformed request line asked about (if any are known)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from semgov.fact_config import FactConfig
 from semgov.models import GateName
 from semgov.policy_input import PolicyInput
 
@@ -47,3 +48,43 @@ class PolicyEngine(Protocol):
     def name(self) -> str: ...
 
     def evaluate(self, doc: PolicyInput) -> EngineResult: ...
+
+
+class PolicySource(Protocol):
+    """A loaded policy, in any language: identity, fact parameters, and its engine."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def revision(self) -> str: ...
+
+    @property
+    def fact_config(self) -> FactConfig: ...
+
+    def make_engine(self) -> PolicyEngine: ...
+
+
+# Which computed fact each gate relies on: an error computing it is that gate's
+# error, in every engine (facts are computed by semgov, not by the policy).
+GATE_FACT: dict[GateName, str | None] = {
+    "tenant": "provenance",
+    "namespace": "provenance",
+    "provenance": "provenance",
+    "expiry": "provenance",
+    "policy_version": "provenance",
+    "pii": "pii",
+    "task": "provenance",
+    "response_contract": "provenance",
+    "similarity": None,
+    "token_verification": "tokens",
+}
+
+
+def fact_error(gate: GateName, doc: PolicyInput) -> str | None:
+    """The error of the fact ``gate`` depends on, if computing it failed."""
+    fact = GATE_FACT[gate]
+    return doc.facts.errors.get(fact) if fact is not None else None

@@ -16,12 +16,12 @@ from typing import Literal
 from pydantic import ValidationError
 
 from semgov._internal.pii import PiiScanner
-from semgov._internal.timefmt import rfc3339
+from semgov._internal.timefmt import rfc3339, unix_us
 from semgov._internal.tokens import U32, SegmentTable, as_tokens, find_spans, token_hash
 from semgov.canonical import canonicalize
+from semgov.fact_config import FactConfig
 from semgov.keys import Keyring, verify_signature
 from semgov.models import Candidate, CapturedRequest, Prompt, ProvenancePayload
-from semgov.policy import Policy
 from semgov.policy_input import (
     CandidateFacts,
     DonorFacts,
@@ -129,8 +129,8 @@ def _donor_facts(p: ProvenancePayload) -> DonorFacts:
         response_contract=p.response_contract,
         created_at=rfc3339(p.created_at),
         expires_at=rfc3339(p.expires_at),
-        created_at_unix=p.created_at.timestamp(),
-        expires_at_unix=p.expires_at.timestamp(),
+        created_at_us=unix_us(p.created_at),
+        expires_at_us=unix_us(p.expires_at),
         policy_version=p.policy_version,
         visibility=p.visibility,
     )
@@ -145,7 +145,7 @@ def compute_facts(
     recipient: PreparedPrompt,
     cand: Candidate,
     *,
-    policy: Policy,
+    config: FactConfig,
     ctx: FactContext,
     now: datetime,
 ) -> PolicyInput:
@@ -170,15 +170,15 @@ def compute_facts(
             text_entities: frozenset[str] = frozenset()
             text_scanned = False
             text = cand.prompt.text
-            if policy.pii.scan_donor_text and text is not None:
+            if config.scan_donor_text and text is not None:
                 if ctx.pii_scanner is None:
                     raise RuntimeError("donor text present but no PII scanner configured")
                 text_entities = ctx.pii_scanner.scan(
                     text,
                     donor_token_hash=donor_sha256,
-                    min_score=policy.pii.min_score,
-                    phone_regions=tuple(policy.pii.phone_regions),
-                    entities=tuple(sorted(policy.pii.forbidden_entities)),
+                    min_score=config.pii_min_score,
+                    phone_regions=config.phone_regions,
+                    entities=config.pii_entities,
                 )
                 text_scanned = True
             pii_facts = PiiFacts(
@@ -195,7 +195,7 @@ def compute_facts(
                 recipient.segments,
                 donor.tokens,
                 donor.segments,
-                min_span=policy.token_verification.min_span_tokens,
+                min_span=config.min_span_tokens,
             )
             tok_facts = TokenFacts(
                 recipient_length=len(recipient.tokens),
@@ -218,7 +218,7 @@ def compute_facts(
 
     return PolicyInput(
         now=rfc3339(now),
-        now_unix=now.timestamp(),
+        now_us=unix_us(now),
         request=RequestFacts(
             request_id=req.request_id,
             tenant=req.tenant,

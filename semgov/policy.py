@@ -25,7 +25,9 @@ from pydantic import (
 
 from semgov._internal.pii import DEFAULT_PHONE_REGIONS
 from semgov._internal.yamlload import line_for, load_yaml_with_lines
+from semgov.engine import PolicyEngine
 from semgov.errors import PolicyError
+from semgov.fact_config import DEFAULT_FORBIDDEN_PII, FactConfig
 from semgov.models import Role
 
 POLICY_FILE = "policy.yaml"
@@ -103,7 +105,7 @@ class ExpirySection(_Section):
 
 class PiiSection(_Section):
     forbidden_entities: list[Annotated[str, StringConstraints(pattern=r"^[A-Z][A-Z0-9_]*$")]] = Field(
-        default_factory=list
+        default_factory=lambda: list(DEFAULT_FORBIDDEN_PII)
     )
     # Scan donor text with Presidio when the candidate carries text.
     scan_donor_text: bool = True
@@ -182,6 +184,26 @@ class Policy(BaseModel):
     def ref(self) -> str:
         """``name@version``: what provenance ``policy_version`` names."""
         return f"{self.name}@{self.version}"
+
+    @property
+    def engine_name(self) -> str:
+        return "yaml"
+
+    @cached_property
+    def fact_config(self) -> FactConfig:
+        return FactConfig(
+            min_span_tokens=self.token_verification.min_span_tokens,
+            scan_donor_text=self.pii.scan_donor_text,
+            pii_min_score=self.pii.min_score,
+            phone_regions=tuple(self.pii.phone_regions),
+            pii_entities=tuple(sorted(set(self.pii.forbidden_entities))),
+        )
+
+    def make_engine(self) -> PolicyEngine:
+        """The native YAML engine over this policy."""
+        from semgov.yaml_engine import YamlEngine
+
+        return YamlEngine(self)
 
     @cached_property
     def accepted_versions(self) -> frozenset[str]:

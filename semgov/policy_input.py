@@ -69,8 +69,8 @@ class DonorFacts:
     response_contract: ResponseContract
     created_at: Annotated[str, Field(description="RFC 3339, UTC, 'Z' suffix")]
     expires_at: Annotated[str, Field(description="RFC 3339, UTC, 'Z' suffix")]
-    created_at_unix: float
-    expires_at_unix: float
+    created_at_us: Annotated[int, Field(description="microseconds since the Unix epoch")]
+    expires_at_us: Annotated[int, Field(description="microseconds since the Unix epoch")]
     policy_version: str
     visibility: Literal["tenant", "public"]
 
@@ -130,7 +130,7 @@ class PolicyInput:
 
     __pydantic_config__ = _CONFIG
     now: Annotated[str, Field(description="decision clock, RFC 3339 UTC; policies read no other clock")]
-    now_unix: float
+    now_us: Annotated[int, Field(description="the clock, microseconds since the Unix epoch (exact)")]
     request: RequestFacts
     candidate: CandidateFacts
     facts: Facts

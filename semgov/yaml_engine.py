@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from semgov.engine import ApprovedSpan, EngineResult, GateOutcome
+from semgov.engine import ApprovedSpan, EngineResult, GateOutcome, fact_error
 from semgov.models import GATES, GateName
 from semgov.policy import Policy, namespace_matches
 from semgov.policy_input import DonorFacts, PolicyInput, SpanFacts
@@ -79,13 +79,13 @@ def gate_provenance(p: Policy, doc: PolicyInput) -> Outcome:
 
 def gate_expiry(p: Policy, doc: PolicyInput) -> Outcome:
     d = _donor(doc)
-    now = doc.now_unix
-    if now < d.created_at_unix:
+    now = doc.now_us  # NOTE: exact integers, so every engine compares alike
+    if now < d.created_at_us:
         return False, f"donor created in the future ({d.created_at} > now {doc.now})"
-    if now >= d.expires_at_unix:
+    if now >= d.expires_at_us:
         return False, f"donor expired at {d.expires_at} (now {doc.now})"
     max_age = p.expiry.max_age_seconds
-    if max_age is not None and now - d.created_at_unix >= max_age:
+    if max_age is not None and now - d.created_at_us >= max_age * 1_000_000:
         return False, f"donor older than policy max age of {max_age}s"
     return True, f"valid until {d.expires_at}"
 
@@ -190,19 +190,6 @@ GATE_FUNCS: dict[GateName, Callable[[Policy, PolicyInput], Outcome]] = {
     "similarity": gate_similarity,
     "token_verification": gate_token_verification,
 }
-# Which computed fact each gate relies on: an error computing it is the gate's error.
-GATE_FACT: dict[GateName, str | None] = {
-    "tenant": "provenance",
-    "namespace": "provenance",
-    "provenance": "provenance",
-    "expiry": "provenance",
-    "policy_version": "provenance",
-    "pii": "pii",
-    "task": "provenance",
-    "response_contract": "provenance",
-    "similarity": None,
-    "token_verification": "tokens",
-}
 assert tuple(GATE_FUNCS) == GATES
 
 
@@ -216,12 +203,11 @@ class YamlEngine:
 
     def evaluate(self, doc: PolicyInput) -> EngineResult:
         results: list[GateOutcome] = []
-        errors = doc.facts.errors
         for gate, fn in GATE_FUNCS.items():
             # NOTE: every gate runs for every candidate, whatever earlier gates said.
-            fact = GATE_FACT[gate]
-            if fact is not None and fact in errors:
-                results.append(GateOutcome(gate=gate, result="error", detail=errors[fact]))
+            err = fact_error(gate, doc)
+            if err is not None:
+                results.append(GateOutcome(gate=gate, result="error", detail=err))
                 continue
             res: Literal["pass", "fail", "error"]
             try:

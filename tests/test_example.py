@@ -55,3 +55,16 @@ def test_check_expect_agrees_on_every_candidate(tmp_path: Path, capsys: pytest.C
     # every single-gate mutation is caught by its gate: all ten gates deny somebody
     failing = {g["gate"] for r in recs for g in r["gates"] if g["result"] == "fail"}
     assert len(failing) == 10
+
+
+def test_check_with_the_rego_default_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """semgov check --policy policies/rego/default agrees with every expectation, engine regorus."""
+    out = tmp_path / "d.jsonl"
+    args = [a if a != str(DEFAULT_POLICY_DIR) else str(ROOT / "policies" / "rego" / "default") for a in ARGS]
+    rc = main(["check", str(EX / "captured.jsonl.gz"), *args, "--expect", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "engine regorus" in text and "0 mismatches" in text
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert {r["policy"]["engine"] for r in recs} == {"regorus"}
+    assert {r["policy"]["name"] for r in recs} == {"default"}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from semgov.errors import InputError
 
@@ -11,6 +11,14 @@ def rfc3339(dt: datetime) -> str:
     """UTC RFC 3339 with a ``Z`` suffix; microseconds only when present."""
     s = dt.astimezone(UTC).replace(tzinfo=None).isoformat()
     return s + "Z"
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def unix_us(dt: datetime) -> int:
+    """Exact microseconds since the Unix epoch (no float rounding)."""
+    return (dt - _EPOCH) // timedelta(microseconds=1)
 
 
 def parse_rfc3339(value: str, *, what: str = "time") -> datetime:

@@ -14,10 +14,12 @@ from semgov._internal import log
 from semgov._internal.timefmt import parse_rfc3339
 from semgov.capture import MalformedLine, read_captured
 from semgov.decide import Evaluator, SignedDecision
-from semgov.errors import InputError
+from semgov.engine import PolicyEngine, PolicySource
+from semgov.errors import InputError, PolicyError
 from semgov.keys import Keyring, load_signing_key
 from semgov.models import GATES
-from semgov.policy import load_policy
+from semgov.policy_source import ENGINES, load_policy_source, make_engine
+from semgov.rego_policy import RegoPolicy
 
 DESCRIPTION = """\
 Evaluate every donor candidate of every captured request (JSON Lines, '.gz' ok,
@@ -39,7 +41,32 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("captured", metavar="CAPTURED.jsonl", help="captured requests, one JSON object per line")
-    p.add_argument("--policy", required=True, type=Path, metavar="DIR", help="policy directory (policy.yaml)")
+    p.add_argument(
+        "--policy",
+        required=True,
+        type=Path,
+        metavar="DIR",
+        help="policy directory: policy.yaml (YAML engine) or *.rego modules (Rego, package semgov.reuse)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="auto",
+        help="policy engine (default auto: yaml for policy.yaml, regorus for .rego)",
+    )
+    p.add_argument(
+        "--opa-url",
+        metavar="URL",
+        help="evaluate the Rego policy on an OPA server, e.g. http://127.0.0.1:8181 (errors deny)",
+    )
+    p.add_argument(
+        "--opa-timeout", type=float, default=2.0, metavar="S", help="OPA server timeout (default 2 s)"
+    )
+    p.add_argument(
+        "--opa-no-upload",
+        action="store_true",
+        help="use the policy the OPA server already holds instead of uploading --policy",
+    )
     p.add_argument(
         "--trust",
         required=True,
@@ -103,7 +130,7 @@ def _summary(t: _Tally, args: argparse.Namespace, ev: Evaluator, out: IO[str]) -
     p = ev.policy
     w = out.write
     w(f"semgov check {args.captured}\n")
-    w(f"policy   {p.ref} ({p.revision[:19]}..., engine {ev.engine.name})\n")
+    w(f"policy   {p.name}@{p.version} ({p.revision[:19]}..., engine {ev.engine.name})\n")
     w(f"requests {t.requests} ({t.malformed} malformed)\n")
     w(
         f"decisions {total}: allow {t.decisions['allow']}, deny {t.decisions['deny']}; "
@@ -120,13 +147,26 @@ def _summary(t: _Tally, args: argparse.Namespace, ev: Evaluator, out: IO[str]) -
         )
 
 
+def _engine(policy: PolicySource, args: argparse.Namespace) -> PolicyEngine:
+    if args.opa_url is None:
+        return make_engine(policy, args.engine)
+    if not isinstance(policy, RegoPolicy) or args.engine not in ("auto", "regorus"):
+        raise PolicyError("--opa-url needs a Rego policy directory and no other --engine")
+    from semgov.opa_server import OpaServerEngine
+
+    engine: PolicyEngine = OpaServerEngine(
+        policy, args.opa_url, timeout=args.opa_timeout, upload=not args.opa_no_upload
+    )
+    return engine
+
+
 def run(args: argparse.Namespace) -> int:
     logger = log.get_logger()
-    policy = load_policy(args.policy)
+    policy = load_policy_source(args.policy)
     keyring = Keyring.load(args.trust)
     signer = load_signing_key(args.signing_key)
     now = parse_rfc3339(args.now, what="--now") if args.now else None
-    ev = Evaluator(policy, keyring, signer)
+    ev = Evaluator(policy, keyring, signer, engine=_engine(policy, args))
     tally = _Tally()
     out_file: IO[bytes] | None = None
     if args.out is not None:

@@ -8,13 +8,13 @@ from collections.abc import Sequence
 
 from semgov import __version__
 from semgov._internal import log
-from semgov.cli import check, keys, schema, verify
+from semgov.cli import check, keys, policy, schema, verify
 from semgov.errors import SemgovError
 
 EPILOG = """\
 exit status: 0 success; 1 decisions differ from expectations or a signature failed;
 2 bad input (malformed lines, unreadable files, invalid policy or usage).
-Docs: README.md, docs/policy.md, docs/formats.md."""
+Docs: README.md, docs/policy.md, docs/rego.md, docs/formats.md."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     check.register(sub)
+    policy.register(sub)
     keys.register(sub)
     verify.register(sub)
     schema.register(sub)

@@ -1,0 +1,372 @@
+# semgov default reuse policy, in Rego: the same decisions, gate for gate, as
+# policies/default/policy.yaml evaluated by the native YAML engine.
+# Convention: semgov/rego_policy.py (package semgov.reuse; rules metadata, deny,
+# allow, approved_spans, facts_config). Input: schemas/policy_input.schema.json.
+#
+# Fail closed: every gate denies unless the condition that lets it pass holds,
+# so a missing fact (donor claims unknown, a fact that could not be computed)
+# denies rather than silently passing.
+package semgov.reuse
+
+import rego.v1
+
+# ---------------------------------------------------------------------------
+# Parameters: edit these as you would edit policy.yaml.
+# ---------------------------------------------------------------------------
+
+metadata := {"name": "default", "version": "1"}
+
+# Provenance policy_version values accepted besides "<name>@<version>" of metadata.
+accepted_policy_versions := []
+
+# tenant: donors marked `visibility: public` may serve other tenants.
+allow_public_donors := false
+
+# namespace: explicit cross-namespace sharing rules, each
+# {"donor": "<namespace or prefix/*>", "recipients": ["<namespace or prefix/*>", ...]}.
+namespace_sharing := []
+
+# expiry: never reuse a donor older than this many seconds (30d); null for no limit.
+max_age_seconds := 2592000
+
+# pii
+forbidden_entities := ["CREDIT_CARD", "EMAIL_ADDRESS", "IBAN_CODE", "IP_ADDRESS", "PHONE_NUMBER", "US_SSN"]
+
+pii_scan_donor_text := true
+
+pii_require_scan := true
+
+pii_min_score := 0.4
+
+pii_phone_regions := ["US", "GB", "FR", "IL", "IN", "CA", "BR"]
+
+# task: groups of "id@version" that may share KV with each other.
+compatible_task_groups := []
+
+# similarity: can deny, never allows on its own.
+similarity_min := 0.6
+
+# token_verification
+min_span_tokens := 32
+
+min_approved_tokens := 64
+
+min_approved_fraction := 0.5
+
+allow_shifted := true
+
+reusable_roles := {"system", "evidence"}
+
+# What semgov measures for this policy (span finder, PII scan). Must be a constant.
+facts_config := {
+	"min_span_tokens": min_span_tokens,
+	"scan_donor_text": pii_scan_donor_text,
+	"pii_min_score": pii_min_score,
+	"phone_regions": pii_phone_regions,
+	"pii_entities": sort(forbidden_entities),
+}
+
+# ---------------------------------------------------------------------------
+# Decision
+# ---------------------------------------------------------------------------
+
+default allow := false
+
+allow if count(deny) == 0
+
+# The fact each gate depends on (semgov/engine.py GATE_FACT). When semgov could
+# not compute it, semgov reports the gate as `error`; the policy denies it too,
+# so that `allow` stays false.
+gate_fact := {
+	"tenant": "provenance",
+	"namespace": "provenance",
+	"provenance": "provenance",
+	"expiry": "provenance",
+	"policy_version": "provenance",
+	"pii": "pii",
+	"task": "provenance",
+	"response_contract": "provenance",
+	"token_verification": "tokens",
+}
+
+deny contains {"gate": gate, "detail": concat("", ["fact unavailable: ", fact, " (", msg, ")"])} if {
+	some gate
+	fact := gate_fact[gate]
+	msg := input.facts.errors[fact]
+}
+
+# Gates that read the donor's claims from the provenance payload.
+donor_gates := ["tenant", "namespace", "expiry", "policy_version", "task", "response_contract"]
+
+donor_known if is_object(input.facts.donor)
+
+donor := input.facts.donor
+
+# No valid provenance payload: the donor's claims are unknown, every gate that
+# needs them fails.
+deny contains {"gate": gate, "detail": "no valid provenance payload, so the donor's claims are unknown"} if {
+	not donor_known
+	some gate in donor_gates
+}
+
+# --- tenant -----------------------------------------------------------------
+
+tenant_ok if donor.tenant == input.request.tenant
+
+tenant_ok if {
+	donor.visibility == "public"
+	allow_public_donors == true
+}
+
+deny contains {"gate": "tenant", "detail": detail} if {
+	donor_known
+	not tenant_ok
+	detail := tenant_detail
+}
+
+tenant_detail := "public donor from another tenant; policy does not allow public donors" if {
+	donor.visibility == "public"
+} else := "donor belongs to another tenant"
+
+# --- namespace --------------------------------------------------------------
+
+# An exact namespace, or "prefix/*": any namespace strictly below "prefix/".
+namespace_matches(pattern, ns) if {
+	endswith(pattern, "/*")
+	prefix := trim_suffix(pattern, "*")
+	startswith(ns, prefix)
+	ns != prefix
+}
+
+namespace_matches(pattern, ns) if {
+	not endswith(pattern, "/*")
+	ns == pattern
+}
+
+namespace_ok if donor.namespace == input.request.namespace
+
+namespace_ok if {
+	some rule in namespace_sharing
+	namespace_matches(rule.donor, donor.namespace)
+	some r in rule.recipients
+	namespace_matches(r, input.request.namespace)
+}
+
+deny contains {"gate": "namespace", "detail": detail} if {
+	donor_known
+	not namespace_ok
+	detail := sprintf("donor namespace %q differs and no sharing rule covers %q", [donor.namespace, input.request.namespace])
+}
+
+# --- provenance -------------------------------------------------------------
+
+provenance := input.facts.provenance
+
+deny contains {"gate": "provenance", "detail": "provenance facts unavailable"} if {
+	not is_object(provenance)
+}
+
+deny contains {"gate": "provenance", "detail": sprintf("key %q is not in the keyring", [input.candidate.key_id])} if {
+	provenance.key_status == "unknown"
+}
+
+deny contains {"gate": "provenance", "detail": sprintf("key %q is revoked", [input.candidate.key_id])} if {
+	provenance.key_status == "revoked"
+}
+
+deny contains {"gate": "provenance", "detail": "key status is not trusted"} if {
+	is_object(provenance)
+	not provenance.key_status in {"trusted", "unknown", "revoked"}
+}
+
+deny contains {"gate": "provenance", "detail": "signature does not verify"} if {
+	is_object(provenance)
+	provenance.signature_valid != true
+}
+
+deny contains {"gate": "provenance", "detail": "payload invalid"} if {
+	is_object(provenance)
+	provenance.payload_valid != true
+}
+
+deny contains {"gate": "provenance", "detail": "payload donor_id differs from the candidate's"} if {
+	is_object(provenance)
+	provenance.donor_id_matches != true
+}
+
+deny contains {"gate": "provenance", "detail": "payload token hash differs from the donor's tokens"} if {
+	is_object(provenance)
+	provenance.token_hash_matches != true
+}
+
+# --- expiry -----------------------------------------------------------------
+
+# Passes when created_at <= now < expires_at and now - created_at < max age.
+expiry_ok if {
+	is_number(input.now_us)
+	is_number(donor.created_at_us)
+	is_number(donor.expires_at_us)
+	input.now_us >= donor.created_at_us
+	input.now_us < donor.expires_at_us
+	not too_old
+}
+
+too_old if {
+	max_age_seconds != null
+	input.now_us - donor.created_at_us >= max_age_seconds * 1000000
+}
+
+deny contains {"gate": "expiry", "detail": detail} if {
+	donor_known
+	not expiry_ok
+	detail := expiry_detail
+}
+
+expiry_detail := sprintf("donor created in the future (%s > now %s)", [donor.created_at, input.now]) if {
+	input.now_us < donor.created_at_us
+} else := sprintf("donor expired at %s (now %s)", [donor.expires_at, input.now]) if {
+	input.now_us >= donor.expires_at_us
+} else := sprintf("donor older than policy max age of %vs", [max_age_seconds]) if {
+	too_old
+} else := "donor validity times unavailable"
+
+# --- policy_version ---------------------------------------------------------
+
+accepted_versions := {concat("@", [metadata.name, metadata.version])} | {v | some v in accepted_policy_versions}
+
+policy_version_ok if donor.policy_version in accepted_versions
+
+deny contains {"gate": "policy_version", "detail": detail} if {
+	donor_known
+	not policy_version_ok
+	detail := sprintf("donor produced under %q; accepted: %v", [donor.policy_version, sort(accepted_versions)])
+}
+
+# --- pii --------------------------------------------------------------------
+
+pii := input.facts.pii
+
+deny contains {"gate": "pii", "detail": "PII facts unavailable"} if {
+	not is_object(pii)
+}
+
+pii_forbidden_found := {e |
+	some e in array.concat(pii.provenance_entities, pii.text_entities)
+	e in {x | some x in forbidden_entities}
+}
+
+deny contains {"gate": "pii", "detail": sprintf("donor carries forbidden PII: %s", [concat(", ", sort(pii_forbidden_found))])} if {
+	is_object(pii)
+	count(pii_forbidden_found) > 0
+}
+
+pii_scanned if pii.provenance_scanned == true
+
+pii_scanned if pii.text_scanned == true
+
+deny contains {"gate": "pii", "detail": "donor was never scanned for PII (provenance unscanned, no text to scan)"} if {
+	is_object(pii)
+	pii_require_scan == true
+	not pii_scanned
+}
+
+# --- task -------------------------------------------------------------------
+
+my_task := concat("@", [input.request.task.id, input.request.task.version])
+
+donor_task := concat("@", [donor.task.id, donor.task.version])
+
+task_ok if my_task == donor_task
+
+task_ok if {
+	some group in compatible_task_groups
+	my_task in group
+	donor_task in group
+}
+
+deny contains {"gate": "task", "detail": detail} if {
+	donor_known
+	not task_ok
+	detail := sprintf("donor task %v differs from %v", [object.get(donor, "task", null), input.request.task])
+}
+
+# --- response_contract ------------------------------------------------------
+
+response_contract_ok if {
+	donor.response_contract.id == input.request.response_contract.id
+	donor.response_contract.schema_sha256 == input.request.response_contract.schema_sha256
+}
+
+deny contains {"gate": "response_contract", "detail": detail} if {
+	donor_known
+	not response_contract_ok
+	detail := response_contract_detail
+}
+
+response_contract_detail := sprintf("donor contract %q differs from %q", [donor.response_contract.id, input.request.response_contract.id]) if {
+	donor.response_contract.id != input.request.response_contract.id
+} else := "response contract schema hash differs"
+
+# --- similarity -------------------------------------------------------------
+
+similarity_ok if {
+	is_number(input.candidate.similarity)
+	input.candidate.similarity >= similarity_min
+}
+
+deny contains {"gate": "similarity", "detail": sprintf("similarity %v < %v", [input.candidate.similarity, similarity_min])} if {
+	not similarity_ok
+}
+
+# --- token_verification and approved spans ----------------------------------
+
+tokens := input.facts.tokens
+
+# Prefix spans always; shifted ones when allowed, long enough, and in reusable
+# roles on both sides.
+span_approved(s) if s.kind == "prefix"
+
+span_approved(s) if {
+	allow_shifted == true
+	s.length >= min_span_tokens
+	s.recipient_role in reusable_roles
+	s.donor_role in reusable_roles
+}
+
+approved_spans := [out |
+	some s in tokens.spans
+	span_approved(s)
+	out := {
+		"recipient_start": s.recipient_start,
+		"donor_start": s.donor_start,
+		"length": s.length,
+		"kind": s.kind,
+	}
+]
+
+approved_tokens := sum([s.length | some s in approved_spans])
+
+approved_fraction := approved_tokens / tokens.recipient_length if {
+	tokens.recipient_length != 0
+} else := 0
+
+deny contains {"gate": "token_verification", "detail": "token facts unavailable"} if {
+	not is_object(tokens)
+}
+
+deny contains {"gate": "token_verification", "detail": "no verified tokens to reuse"} if {
+	is_object(tokens)
+	approved_tokens == 0
+}
+
+deny contains {"gate": "token_verification", "detail": detail} if {
+	is_object(tokens)
+	approved_tokens < min_approved_tokens
+	detail := sprintf("%v/%v tokens approved; need >= %v tokens", [approved_tokens, tokens.recipient_length, min_approved_tokens])
+}
+
+deny contains {"gate": "token_verification", "detail": detail} if {
+	is_object(tokens)
+	approved_fraction < min_approved_fraction
+	detail := sprintf("%v/%v tokens approved; need >= %v of the recipient", [approved_tokens, tokens.recipient_length, min_approved_fraction])
+}

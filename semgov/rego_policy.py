@@ -1,0 +1,265 @@
+"""Rego reuse policies: the package convention, loading and linting.
+
+A Rego policy directory holds ``*.rego`` modules (``*_test.rego`` files are unit
+tests, not policy) in ``package semgov.reuse`` over the policy input document
+(``schemas/policy_input.schema.json``). Required rules:
+
+- ``metadata := {"name": ..., "version": ...}``: a constant object;
+- ``deny``: a set of ``{"gate": <gate name>, "detail": <string>}`` objects;
+- ``allow``: a boolean, true exactly when ``deny`` is empty;
+- ``approved_spans``: the spans to copy on allow, each
+  ``{"recipient_start", "donor_start", "length", "kind"}``.
+
+Optional: ``facts_config``, a constant object with the parameters of fact
+computation (see :class:`semgov.fact_config.FactConfig`). Policies read the clock
+from ``input.now``; non-deterministic builtins are refused at load.
+See docs/rego.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from semgov._internal.pii import DEFAULT_PHONE_REGIONS
+from semgov.engine import PolicyEngine
+from semgov.errors import PolicyError
+from semgov.fact_config import DEFAULT_FORBIDDEN_PII, FactConfig
+
+PACKAGE = "semgov.reuse"
+REQUIRED_RULES = ("metadata", "deny", "allow", "approved_spans")
+# Builtins whose result depends on something other than the input document.
+FORBIDDEN_BUILTINS = re.compile(
+    r"^(time\.now_ns|http\.send|net\.lookup_ip_addr|opa\.runtime|rand\..+|uuid\..+|io\.jwt\.decode_verify)$"
+)
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    file: str
+    line: int | None
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.message}" if self.line else f"{self.file}: {self.message}"
+
+
+class _FactsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    min_span_tokens: int = Field(default=32, ge=1)
+    scan_donor_text: bool = True
+    pii_min_score: float = Field(default=0.4, ge=0.0, le=1.0)
+    phone_regions: list[str] = Field(default_factory=lambda: list(DEFAULT_PHONE_REGIONS), min_length=1)
+    pii_entities: list[str] = Field(default_factory=lambda: list(DEFAULT_FORBIDDEN_PII))
+
+
+class _Metadata(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")
+    version: str = Field(pattern=r"^[A-Za-z0-9_.+-]{1,64}$")
+
+
+def syntax_diagnostic(name: str, err: Exception) -> Diagnostic:
+    text = str(err).split("Stack backtrace:")[0].strip()
+    m = re.search(r"-->\s*(.+?):(\d+):(\d+)", text)
+    msg = re.search(r"error:\s*(.+)", text)
+    message = msg.group(1).strip() if msg else text.splitlines()[-1] if text else "parse error"
+    return Diagnostic(name, int(m.group(2)) if m else None, f"syntax error: {message}")
+
+
+def _walk(node: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(node, dict):
+        yield node
+        for v in node.values():
+            yield from _walk(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _walk(v)
+
+
+def _ref_name(ref: Any) -> str | None:
+    """Dotted name of a reference AST node (``time.now_ns``), or None when not a plain path."""
+    if not isinstance(ref, dict):
+        return None
+    if "Var" in ref:
+        return str(ref["Var"]["value"])
+    if "RefDot" in ref:
+        base = _ref_name(ref["RefDot"]["refr"])
+        field_ = ref["RefDot"]["field"]
+        return f"{base}.{field_[1]}" if base is not None else None
+    return None
+
+
+def lint_ast(name: str, ast: dict[str, Any]) -> tuple[str | None, set[str], list[Diagnostic]]:
+    """Package name, rule names defined, and forbidden-builtin diagnostics of one module."""
+    pkg = _ref_name(ast.get("package", {}).get("refr"))
+    rules: set[str] = set()
+    for rule in ast.get("rules", []):
+        head = rule.get("Spec", {}).get("head", {})
+        for kind in head.values():  # {"Compr" | "Set" | "Func": {"refr": ...}}
+            n = _ref_name(kind.get("refr")) if isinstance(kind, dict) else None
+            if n:
+                rules.add(n.split(".")[0])
+        if "Default" in rule:
+            n = _ref_name(rule["Default"].get("refr"))
+            if n:
+                rules.add(n.split(".")[0])
+    diags = []
+    for node in _walk(ast.get("rules", [])):
+        call = node.get("Call")
+        if isinstance(call, dict):
+            fname = _ref_name(call.get("fcn"))
+            if fname and FORBIDDEN_BUILTINS.match(fname):
+                line = call.get("span", {}).get("line")
+                diags.append(
+                    Diagnostic(
+                        name,
+                        line,
+                        f"{fname}() is not allowed: policies must be deterministic "
+                        "functions of the input (read the clock from input.now)",
+                    )
+                )
+    return pkg, rules, diags
+
+
+@dataclass
+class RegoPolicy:
+    """A loaded Rego policy directory."""
+
+    directory: Path
+    modules: dict[str, str]  # file name -> source (policy files only)
+    tests: dict[str, str]  # file name -> source (*_test.rego)
+    name: str
+    version: str
+    revision: str
+    fact_config: FactConfig
+    engine_name: str = "regorus"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def make_engine(self) -> PolicyEngine:
+        from semgov.rego_engines import RegorusEngine
+
+        return RegorusEngine(self)
+
+
+def rego_files(directory: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """Policy modules and test modules of a directory, by relative name."""
+    modules: dict[str, str] = {}
+    tests: dict[str, str] = {}
+    for path in sorted(directory.rglob("*.rego")):
+        rel = path.relative_to(directory).as_posix()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise PolicyError(f"cannot read policy module: {e}", source=str(path)) from e
+        (tests if path.name.endswith("_test.rego") else modules)[rel] = text
+    return modules, tests
+
+
+def rego_revision(modules: dict[str, str]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(modules):
+        h.update(name.encode() + b"\0" + modules[name].encode() + b"\0")
+    return "sha256:" + h.hexdigest()
+
+
+def lint(directory: Path, *, with_tests: bool = True) -> list[Diagnostic]:
+    """Every problem found in a Rego policy directory (empty when it loads)."""
+    import regorus
+
+    modules, tests = rego_files(directory)
+    if not modules:
+        return [Diagnostic(str(directory), None, "no policy modules (*.rego, not *_test.rego) found")]
+    diags: list[Diagnostic] = []
+    rules: set[str] = set()
+    saw_package = False
+    for name, text in {**modules, **(tests if with_tests else {})}.items():
+        eng = regorus.Engine()
+        path = str(directory / name)
+        try:
+            eng.add_policy(path, text)
+        except Exception as e:  # noqa: BLE001 - any parser failure is a diagnostic
+            diags.append(syntax_diagnostic(path, e))
+            continue
+        [entry] = json.loads(eng.get_ast_as_json())
+        pkg, defined, found = lint_ast(path, entry["ast"])
+        diags.extend(found)
+        if name in modules and pkg == PACKAGE:
+            saw_package = True
+            rules |= defined
+    if not diags:
+        if not saw_package:
+            diags.append(Diagnostic(str(directory), None, f"no module declares `package {PACKAGE}`"))
+        for r in REQUIRED_RULES:
+            if saw_package and r not in rules:
+                diags.append(
+                    Diagnostic(str(directory), None, f"required rule `{r}` is not defined in {PACKAGE}")
+                )
+    return diags
+
+
+def _constant(eng: Any, rule: str, source: str) -> Any:
+    eng.set_input_json("{}")
+    try:
+        out = json.loads(eng.eval_query_as_json(f"x := data.{PACKAGE}.{rule}"))
+    except Exception as e:  # noqa: BLE001
+        raise PolicyError(
+            f"`{rule}` cannot be evaluated without input: {str(e).splitlines()[0]}", source=source
+        ) from e
+    rows = out.get("result") or []
+    return rows[0]["bindings"]["x"] if rows else None
+
+
+def load_rego_policy(directory: Path) -> RegoPolicy:
+    """Load, lint and identify a Rego policy directory; raises PolicyError naming file:line."""
+    import regorus
+
+    diags = lint(directory, with_tests=False)
+    if diags:
+        d = diags[0]
+        more = f" [and {len(diags) - 1} more problem(s); run `semgov policy check`]" if len(diags) > 1 else ""
+        raise PolicyError(d.message + more, source=d.file, line=d.line)
+    modules, tests = rego_files(directory)
+    eng = regorus.Engine()
+    for name, text in modules.items():
+        eng.add_policy(str(directory / name), text)
+    meta_raw = _constant(eng, "metadata", str(directory))
+    try:
+        meta = _Metadata.model_validate(meta_raw)
+    except ValidationError as e:
+        raise PolicyError(
+            f"`metadata` must be a constant {{name, version}} object: {e.errors()[0]['msg']}",
+            source=str(directory),
+        ) from e
+    fc_raw = _constant(eng, "facts_config", str(directory)) if _defines(eng, "facts_config") else {}
+    try:
+        fc = _FactsConfig.model_validate(fc_raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise PolicyError(
+            f"`facts_config`: {err['msg']}", source=str(directory), field=".".join(map(str, err["loc"]))
+        ) from e
+    config = FactConfig(
+        min_span_tokens=fc.min_span_tokens,
+        scan_donor_text=fc.scan_donor_text,
+        pii_min_score=fc.pii_min_score,
+        phone_regions=tuple(fc.phone_regions),
+        pii_entities=tuple(sorted(set(fc.pii_entities))),
+    )
+    return RegoPolicy(directory, modules, tests, meta.name, meta.version, rego_revision(modules), config)
+
+
+def _defines(eng: Any, rule: str) -> bool:
+    eng.set_input_json("{}")
+    try:
+        out = json.loads(eng.eval_query_as_json(f"x := data.{PACKAGE}.{rule}"))
+    except Exception:  # noqa: BLE001
+        return True  # defined but failing: let _constant report it
+    return bool(out.get("result"))

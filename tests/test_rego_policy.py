@@ -1,0 +1,129 @@
+"""Loading and linting Rego policies: convention, forbidden builtins, file:line diagnostics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from semgov import PolicyError
+from semgov.fact_config import FactConfig
+from semgov.policy_source import load_policy_source, make_engine
+from semgov.rego_policy import RegoPolicy, lint, load_rego_policy
+
+MINIMAL = """package semgov.reuse
+import rego.v1
+
+metadata := {"name": "mini", "version": "2"}
+
+deny contains {"gate": "similarity", "detail": "too low"} if input.candidate.similarity < 0.6
+
+default allow := false
+allow if count(deny) == 0
+
+approved_spans := [{"recipient_start": s.recipient_start, "donor_start": s.donor_start,
+                    "length": s.length, "kind": s.kind} |
+                    some s in input.facts.tokens.spans; s.kind == "prefix"]
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "policy.rego") -> Path:
+    (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+def test_minimal_policy_loads_with_identity_and_defaults(tmp_path: Path) -> None:
+    """metadata names the policy; the revision hashes the modules; facts_config defaults apply."""
+    pol = load_rego_policy(write(tmp_path, MINIMAL))
+    assert (pol.name, pol.version) == ("mini", "2")
+    assert pol.revision.startswith("sha256:")
+    assert pol.fact_config == FactConfig()
+    write(tmp_path, MINIMAL + "\n# edited\n")
+    assert load_rego_policy(tmp_path).revision != pol.revision
+
+
+def test_test_modules_do_not_change_the_revision(tmp_path: Path) -> None:
+    """*_test.rego files are tests, not policy: adding one keeps the revision."""
+    before = load_rego_policy(write(tmp_path, MINIMAL)).revision
+    write(tmp_path, "package semgov.reuse_test\nimport rego.v1\ntest_x if true\n", "policy_test.rego")
+    assert load_rego_policy(tmp_path).revision == before
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        ("time.now_ns()", "time.now_ns"),
+        ('http.send({"method": "get", "url": "x"})', "http.send"),
+        ('rand.intn("k", 10)', "rand.intn"),
+        ('uuid.rfc4122("k")', "uuid.rfc4122"),
+    ],
+)
+def test_non_deterministic_builtins_refused_with_line(tmp_path: Path, call: str, name: str) -> None:
+    """Policies calling clock, network, random or uuid builtins are refused at load, naming file:line."""
+    text = MINIMAL + f"\nextra := x if {{\n  x := {call}\n}}\n"
+    with pytest.raises(PolicyError) as e:
+        load_rego_policy(write(tmp_path, text))
+    assert e.value.source == str(tmp_path / "policy.rego")
+    assert e.value.line == MINIMAL.count("\n") + 3
+    assert f"{name}()" in e.value.message and "input.now" in e.value.message
+
+
+def test_builtin_names_in_comments_and_strings_are_fine(tmp_path: Path) -> None:
+    """Only real calls are refused: mentioning time.now_ns() in a comment or string is allowed."""
+    text = MINIMAL + '\n# do not use time.now_ns()\nnote := "http.send(x)"\n'
+    assert load_rego_policy(write(tmp_path, text)).name == "mini"
+
+
+@pytest.mark.parametrize("rule", ["metadata", "deny", "allow", "approved_spans"])
+def test_missing_required_rule(tmp_path: Path, rule: str) -> None:
+    """A policy without one of the required rules is rejected, naming the rule."""
+    lines = MINIMAL.split("\n\n")
+    kept = "\n\n".join(b for b in lines if not b.lstrip().startswith((rule, f"default {rule}")))
+    if rule == "deny":
+        kept = kept.replace("count(deny) == 0", "true")
+    with pytest.raises(PolicyError, match=f"`{rule}`"):
+        load_rego_policy(write(tmp_path, kept))
+
+
+def test_syntax_error_has_file_and_line(tmp_path: Path) -> None:
+    """A parse error names the file and line."""
+    with pytest.raises(PolicyError) as e:
+        load_rego_policy(write(tmp_path, MINIMAL + "\nbroken if {\n  x := \n}\n"))
+    assert e.value.line == MINIMAL.count("\n") + 3 and "syntax error" in e.value.message
+
+
+def test_wrong_package_and_empty_dir(tmp_path: Path) -> None:
+    """No module in package semgov.reuse, or no modules at all, is an error."""
+    with pytest.raises(PolicyError, match="package semgov.reuse"):
+        load_rego_policy(write(tmp_path, MINIMAL.replace("package semgov.reuse", "package other")))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "no policy modules" in str(lint(empty)[0])
+
+
+def test_metadata_must_be_constant_and_well_formed(tmp_path: Path) -> None:
+    """metadata that depends on input, or lacks version, is refused."""
+    with pytest.raises(PolicyError, match="metadata"):
+        load_rego_policy(write(tmp_path, MINIMAL.replace('"version": "2"', '"version": input.x')))
+    with pytest.raises(PolicyError, match="metadata"):
+        load_rego_policy(write(tmp_path, MINIMAL.replace(', "version": "2"', "")))
+
+
+def test_facts_config_is_read_and_validated(tmp_path: Path) -> None:
+    """facts_config sets fact parameters; unknown keys are refused."""
+    pol = load_rego_policy(write(tmp_path, MINIMAL + '\nfacts_config := {"min_span_tokens": 16}\n'))
+    assert pol.fact_config.min_span_tokens == 16
+    with pytest.raises(PolicyError, match="facts_config"):
+        load_rego_policy(write(tmp_path, MINIMAL + '\nfacts_config := {"min_span": 16}\n'))
+
+
+def test_policy_source_picks_the_language(tmp_path: Path) -> None:
+    """A directory of .rego modules loads as Rego with regorus by default; mixing languages is refused."""
+    pol = load_policy_source(write(tmp_path, MINIMAL))
+    assert isinstance(pol, RegoPolicy) and make_engine(pol).name == "regorus"
+    assert make_engine(pol, "opa-inprocess").name == "opa-inprocess"
+    with pytest.raises(PolicyError, match="YAML policy"):
+        make_engine(pol, "yaml")
+    (tmp_path / "policy.yaml").write_text("name: x\nversion: '1'\n")
+    with pytest.raises(PolicyError, match="both"):
+        load_policy_source(tmp_path)
