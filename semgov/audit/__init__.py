@@ -1,0 +1,1 @@
+"""Tamper-evident audit log: RFC 6962 Merkle tree, C2SP signed checkpoints, proofs, durable storage."""

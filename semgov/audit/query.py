@@ -1,0 +1,102 @@
+"""Reviewing decisions in an audit log: filters (``semgov audit show``) and tallies (``stats``).
+
+Pure functions over decoded decision records; reading the log is the caller's job.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from semgov._internal.timefmt import parse_rfc3339
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Conditions a record must meet; ``None`` means any."""
+
+    tenant: str | None = None
+    namespace: str | None = None
+    request_id: str | None = None
+    donor_id: str | None = None
+    decision: str | None = None
+    gate: str | None = None  # records where this gate did not pass
+    since: datetime | None = None  # evaluated_at >= since
+    until: datetime | None = None  # evaluated_at < until
+
+    def matches(self, rec: dict[str, Any]) -> bool:
+        if self.tenant is not None and rec.get("tenant") != self.tenant:
+            return False
+        if self.namespace is not None and rec.get("namespace") != self.namespace:
+            return False
+        if self.request_id is not None and rec.get("request_id") != self.request_id:
+            return False
+        if self.donor_id is not None and rec.get("donor_id") != self.donor_id:
+            return False
+        if self.decision is not None and rec.get("decision") != self.decision:
+            return False
+        if self.gate is not None and not any(
+            g.get("gate") == self.gate and g.get("result") != "pass" for g in rec.get("gates", [])
+        ):
+            return False
+        if self.since is not None or self.until is not None:
+            at = parse_rfc3339(str(rec.get("evaluated_at")), what="evaluated_at")
+            if self.since is not None and at < self.since:
+                return False
+            if self.until is not None and at >= self.until:
+                return False
+        return True
+
+
+def select(
+    records: Iterable[tuple[int, dict[str, Any]]], flt: Filter
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The (index, record) pairs that match ``flt``, in log order."""
+    return ((i, r) for i, r in records if flt.matches(r))
+
+
+@dataclass
+class Stats:
+    """Tallies over decision records."""
+
+    records: int = 0
+    decisions: Counter[str] = field(default_factory=Counter)
+    gate_fail: Counter[str] = field(default_factory=Counter)
+    gate_error: Counter[str] = field(default_factory=Counter)
+    approved_tokens: Counter[tuple[str, str]] = field(default_factory=Counter)  # (tenant, namespace)
+    by_period: dict[str, Counter[str]] = field(
+        default_factory=lambda: defaultdict(Counter)
+    )  # period -> decision
+    engines: Counter[str] = field(default_factory=Counter)
+
+    def add(self, rec: dict[str, Any], period: str) -> None:
+        self.records += 1
+        decision = str(rec.get("decision"))
+        self.decisions[decision] += 1
+        for g in rec.get("gates", []):
+            if g.get("result") == "fail":
+                self.gate_fail[str(g.get("gate"))] += 1
+            elif g.get("result") == "error":
+                self.gate_error[str(g.get("gate"))] += 1
+        key = (str(rec.get("tenant")), str(rec.get("namespace")))
+        self.approved_tokens[key] += int(rec.get("approved_tokens", 0))
+        at = str(rec.get("evaluated_at", ""))
+        bucket = at[:10] if period == "day" else at[:13] + "h" if period == "hour" else at[:7]
+        self.by_period[bucket][decision] += 1
+        policy = rec.get("policy") or {}
+        self.engines[f"{policy.get('name')}@{policy.get('version')} ({policy.get('engine')})"] += 1
+
+
+def tally(records: Iterable[dict[str, Any]], *, period: str = "day") -> Stats:
+    """Counts by decision, gate failures and errors, approved tokens by tenant and namespace, over time."""
+    st = Stats()
+    for r in records:
+        st.add(r, period)
+    return st
+
+
+def parse_when(value: str | None, what: str) -> datetime | None:
+    return parse_rfc3339(value, what=what) if value else None
