@@ -3,8 +3,8 @@
 Usage: python benchmarks/audit_append.py [--n 200000] [--size 600] [--rate 10000] [--core 0]
                                          [--dir DIR] [--repeat 1]
 
-For each writer setting (commit_interval 2 ms, the default, and 0: commit as soon as the writer
-is free) two runs on a fresh log:
+For each writer setting (commit_interval 2 ms, and 0, the default: commit as soon as the
+writer is free) two runs on a fresh log:
 
 - saturated: one producer appends --n records of --size bytes as fast as it can, then flushes;
   records/s = n / (first append .. flush returned), i.e. every record fsynced. Latency is

@@ -1,22 +1,28 @@
-"""structlog set-up for the CLI: human text or JSON lines on stderr."""
+"""structlog set-up: human text or JSON lines, always on stderr (stdout carries results)."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
 
 
-def _text(_: Any, __: str, event: dict[str, Any]) -> str:
+def _text(_: Any, __: str, event: MutableMapping[str, Any]) -> str:
     msg = event.pop("event")
     event.pop("level", None)
     extra = " ".join(f"{k}={v}" for k, v in event.items() if k != "timestamp")
     return f"semgov: {msg}" + (f" ({extra})" if extra else "")
 
 
+def _stderr_logger(*_: Any) -> structlog.PrintLogger:
+    # NOTE: resolve sys.stderr at each call: it may have been replaced since configuration.
+    return structlog.PrintLogger(file=sys.stderr)
+
+
 def configure(fmt: str) -> None:
-    """Configure structlog: ``json`` for machine-readable logs, ``text`` for people."""
+    """Configure structlog for the CLI: ``json`` for machine-readable logs, ``text`` for people."""
     processors: list[Any] = [structlog.processors.add_log_level]
     if fmt == "json":
         processors += [
@@ -25,12 +31,11 @@ def configure(fmt: str) -> None:
         ]
     else:
         processors.append(_text)
-    structlog.configure(
-        processors=processors,
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=False,
-    )
+    structlog.configure(processors=processors, logger_factory=_stderr_logger, cache_logger_on_first_use=False)
 
 
 def get_logger() -> Any:
-    return structlog.get_logger()
+    """semgov's logger: the host's structlog configuration if it has one, else text on stderr."""
+    if structlog.is_configured():
+        return structlog.get_logger("semgov")
+    return structlog.wrap_logger(_stderr_logger(), processors=[structlog.processors.add_log_level, _text])

@@ -4,9 +4,10 @@ A log directory (default ``./audit/log/``) holds:
 
 - ``LOCK``: held with ``flock(LOCK_EX | LOCK_NB)`` by the one writer (its pid is written
   inside, for the error message a second writer gets). Readers never take it.
-- ``records.log``: frames ``length (4 bytes, big-endian) | SHA-256 of the record (32 bytes) |
-  record``. Record ``i`` of the file is leaf ``i`` of the Merkle tree (RFC 6962 leaf hash of the
-  record bytes, i.e. of the canonical signed decision record).
+- ``records.log``: frames ``index (8 bytes, big-endian) | length (4 bytes) | SHA-256(index ||
+  record) (32 bytes) | record``. Record ``i`` of the file is leaf ``i`` of the Merkle tree
+  (RFC 6962 leaf hash of the record bytes, i.e. of the canonical signed decision record); the
+  index in the hashed frame makes a deleted, inserted or moved frame fail where it happened.
 - ``state.json``: ``{"size", "log_bytes", "frontier", "checkpoint_size"}``, rewritten atomically
   after every batch. It only speeds up opening; the log is the truth.
 - ``checkpoint``: the latest signed checkpoint (a C2SP signed note), replaced atomically;
@@ -510,7 +511,7 @@ class AuditLog:
         origin: str,
         checkpoint_every: int = 1000,
         checkpoint_interval: float = 5.0,
-        commit_interval: float = 0.002,
+        commit_interval: float = 0.0,
         max_batch: int = 4096,
         verify: bool = False,
     ) -> AuditLog:

@@ -95,6 +95,17 @@ def register(sub: Any) -> None:
         action="store_true",
         help="compare decisions with each request's `expect`; exit 1 listing every mismatch",
     )
+    p.add_argument(
+        "--audit",
+        type=Path,
+        metavar="DIR",
+        help="also append every signed decision to the audit log in DIR (created if needed)",
+    )
+    p.add_argument(
+        "--audit-origin",
+        metavar="NAME",
+        help="the audit log's checkpoint origin line (default: semgov/<signing key id>)",
+    )
     p.set_defaults(func=run)
 
 
@@ -175,9 +186,17 @@ def run(args: argparse.Namespace) -> int:
         except OSError as e:
             raise InputError(f"cannot write: {e.strerror}", source=str(args.out)) from e
     stdout = sys.stdout.buffer
+    audit = None
+    if args.audit is not None:
+        from semgov.audit.store import AuditLog
+
+        origin = args.audit_origin or f"semgov/{signer.key_id}"
+        audit = AuditLog.open(args.audit, signing_key=signer, origin=origin)
 
     def emit(d: SignedDecision) -> None:
         tally.add(d)
+        if audit is not None:
+            audit.append(d.canonical)
         if args.format == "jsonl":
             stdout.write(d.canonical + b"\n")
         if out_file is not None:
@@ -211,6 +230,11 @@ def run(args: argparse.Namespace) -> int:
         if out_file is not None:
             out_file.close()
         stdout.flush()
+        if audit is not None:
+            audit.close()  # NOTE: flushes (fsync) and signs a final checkpoint
+            logger.info(
+                f"audit log {args.audit}: {audit.size} records, checkpoint at {audit.checkpoint_size}"
+            )
 
     if args.format == "table":
         _summary(tally, args, ev, sys.stdout)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from semgov import __version__
 from semgov._internal import log
-from semgov.cli import check, keys, policy, schema, verify
+from semgov.cli import audit, check, keys, policy, schema, verify
 from semgov.errors import SemgovError
 
 EPILOG = """\
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     check.register(sub)
+    audit.register(sub)
     policy.register(sub)
     keys.register(sub)
     verify.register(sub)

@@ -1,0 +1,217 @@
+"""``semgov audit``: verify, show, stats, prove and verify-proof over an audit log."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from semgov._internal import log
+from semgov.audit.merkle import ProofError
+from semgov.audit.query import Filter, parse_when, select, tally
+from semgov.audit.store import AuditLogError, iter_records
+from semgov.audit.verify import make_bundle, verify_bundle, verify_log
+from semgov.errors import InputError
+from semgov.keys import load_public_key
+from semgov.models import GATES
+
+DEFAULT_DIR = Path("audit/log")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "audit",
+        help="verify and review an audit log",
+        description="The audit log is append-only and tamper-evident: an RFC 6962 Merkle tree over "
+        "the signed decision records, with C2SP signed checkpoints. See audit/README.md.",
+    )
+    a = p.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
+
+    v = a.add_parser(
+        "verify",
+        help="re-hash and check everything in a log",
+        description="Re-read every record (frame hashes and leaf indices), check every decision "
+        "signature and the latest checkpoint (and every older one the log kept), and, given a "
+        "checkpoint you kept earlier, prove the log still extends it. Reports the first bad record "
+        "by index with the reason; exit 1 on any problem.",
+    )
+    v.add_argument("directory", type=Path, nargs="?", default=DEFAULT_DIR, metavar="DIR")
+    v.add_argument("--pubkey", type=Path, metavar="KEY", help="the decision signing key's public PEM")
+    v.add_argument("--checkpoint", type=Path, metavar="FILE", help="a checkpoint note you kept earlier")
+    v.add_argument("--workers", type=int, metavar="N", help="processes for signature checks (default 2)")
+    v.set_defaults(func=run_verify)
+
+    s = a.add_parser("show", help="list decisions", description="List the decisions that match every filter.")
+    s.add_argument("directory", type=Path, nargs="?", default=DEFAULT_DIR, metavar="DIR")
+    _filters(s)
+    s.add_argument("--format", choices=("table", "jsonl"), default="table")
+    s.add_argument("--limit", type=int, metavar="N", help="stop after N matches")
+    s.set_defaults(func=run_show)
+
+    st = a.add_parser(
+        "stats",
+        help="counts over a log",
+        description="Counts by decision, gate failures and errors, approved tokens by tenant and namespace, "
+        "and decisions over time, for the records that match the filters.",
+    )
+    st.add_argument("directory", type=Path, nargs="?", default=DEFAULT_DIR, metavar="DIR")
+    _filters(st)
+    st.add_argument("--by", choices=("hour", "day", "month"), default="day", help="time bucket (default day)")
+    st.set_defaults(func=run_stats)
+
+    pr = a.add_parser(
+        "prove",
+        help="write an offline proof bundle for one decision",
+        description="Write the record, its inclusion proof and the latest signed checkpoint as one JSON "
+        "bundle that `semgov audit verify-proof` checks without the log.",
+    )
+    pr.add_argument("directory", type=Path, nargs="?", default=DEFAULT_DIR, metavar="DIR")
+    pr.add_argument("--decision-id", required=True, metavar="ID")
+    pr.add_argument("--out", type=Path, metavar="FILE", help="write here instead of stdout")
+    pr.set_defaults(func=run_prove)
+
+    vp = a.add_parser(
+        "verify-proof",
+        help="check an offline proof bundle",
+        description="Check a bundle from `semgov audit prove`: checkpoint signature, inclusion proof, "
+        "and the decision record's own signature. Exit 1 if anything fails.",
+    )
+    vp.add_argument("bundle", type=Path, metavar="FILE")
+    vp.add_argument("--pubkey", type=Path, required=True, metavar="KEY")
+    vp.set_defaults(func=run_verify_proof)
+
+
+def _filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tenant")
+    p.add_argument("--namespace")
+    p.add_argument("--request", metavar="REQUEST_ID")
+    p.add_argument("--donor", metavar="DONOR_ID")
+    p.add_argument("--decision", choices=("allow", "deny"))
+    p.add_argument("--gate", choices=GATES, help="decisions where this gate did not pass")
+    p.add_argument("--since", metavar="RFC3339", help="evaluated at or after")
+    p.add_argument("--until", metavar="RFC3339", help="evaluated before")
+
+
+def _filter(args: argparse.Namespace) -> Filter:
+    return Filter(
+        tenant=args.tenant,
+        namespace=args.namespace,
+        request_id=args.request,
+        donor_id=args.donor,
+        decision=args.decision,
+        gate=args.gate,
+        since=parse_when(args.since, "--since"),
+        until=parse_when(args.until, "--until"),
+    )
+
+
+def _decoded(directory: Path) -> Any:
+    for i, leaf in iter_records(directory):
+        try:
+            yield i, json.loads(leaf)
+        except ValueError as e:
+            raise AuditLogError(f"record {i} is not JSON: {e}", source=str(directory)) from e
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    key = load_public_key(args.pubkey) if args.pubkey else None
+    kept = None
+    if args.checkpoint is not None:
+        try:
+            kept = args.checkpoint.read_bytes()
+        except OSError as e:
+            raise InputError(f"cannot read checkpoint: {e.strerror}", source=str(args.checkpoint)) from e
+    rep = verify_log(args.directory, public_key=key, kept_checkpoint=kept, workers=args.workers)
+    cp = rep.checkpoint
+    print(f"audit log {args.directory}: {rep.records} records, root {rep.root.hex()}")
+    print(f"signatures checked: {rep.signatures_checked}")
+    if cp is not None:
+        print(
+            f"latest checkpoint: {cp.origin} size {cp.size} ({rep.checkpoints_checked} checkpoints checked)"
+        )
+    for n in rep.notes:
+        print(f"note: {n}")
+    first = rep.first()
+    if first is None:
+        print("OK: every record, signature and checkpoint verifies")
+        return 0
+    print(f"FAILED: {first}")
+    for p in rep.problems[1:20]:
+        print(f"  also: {p}")
+    if len(rep.problems) > 20:
+        print(f"  ... and {len(rep.problems) - 20} more")
+    return 1
+
+
+def run_show(args: argparse.Namespace) -> int:
+    flt = _filter(args)
+    n = 0
+    out = sys.stdout
+    if args.format == "table":
+        out.write(f"{'index':>7}  {'evaluated_at':<20}  {'decision':<8}  {'tenant':<12}  {'request':<14}  "
+                  f"{'donor':<14}  {'tokens':>6}  failed gates\n")  # fmt: skip
+    for i, rec in select(_decoded(args.directory), flt):
+        if args.format == "jsonl":
+            out.write(json.dumps({"index": i, **rec}, separators=(",", ":")) + "\n")
+        else:
+            failed = ",".join(g["gate"] for g in rec.get("gates", []) if g.get("result") != "pass")
+            at, tenant = str(rec.get("evaluated_at")), str(rec.get("tenant"))[:12]
+            req, donor = str(rec.get("request_id"))[:14], str(rec.get("donor_id"))[:14]
+            tokens = rec.get("approved_tokens", 0)
+            out.write(f"{i:>7}  {at:<20}  {rec.get('decision'):<8}  {tenant:<12}  {req:<14}  "
+                      f"{donor:<14}  {tokens:>6}  {failed}\n")  # fmt: skip
+        n += 1
+        if args.limit is not None and n >= args.limit:
+            break
+    if args.format == "table":
+        out.write(f"{n} decision(s)\n")
+    return 0
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    st = tally((r for _, r in select(_decoded(args.directory), _filter(args))), period=args.by)
+    w = sys.stdout.write
+    w(f"{st.records} decisions: " + ", ".join(f"{k} {v}" for k, v in sorted(st.decisions.items())) + "\n")
+    w("policies: " + ", ".join(f"{k} x{v}" for k, v in st.engines.most_common()) + "\n")
+    w(f"\n{'gate':<20}{'fail':>8}{'error':>8}\n")
+    for g in GATES:
+        w(f"{g:<20}{st.gate_fail[g]:>8}{st.gate_error[g]:>8}\n")
+    w(f"\n{'tenant':<14}{'namespace':<32}{'approved tokens':>16}\n")
+    for (tenant, ns), tokens in sorted(st.approved_tokens.items()):
+        w(f"{tenant[:13]:<14}{ns[:31]:<32}{tokens:>16}\n")
+    w(f"\n{args.by:<16}{'allow':>8}{'deny':>8}\n")
+    for period in sorted(st.by_period):
+        c = st.by_period[period]
+        w(f"{period:<16}{c['allow']:>8}{c['deny']:>8}\n")
+    return 0
+
+
+def run_prove(args: argparse.Namespace) -> int:
+    bundle = make_bundle(args.directory, args.decision_id)
+    text = json.dumps(bundle, indent=2) + "\n"
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        args.out.write_text(text, encoding="utf-8")
+        print(f"wrote {args.out}: record {bundle['index']} of {bundle['tree_size']}, "
+              f"{len(bundle['inclusion_proof'])}-hash inclusion proof")  # fmt: skip
+    return 0
+
+
+def run_verify_proof(args: argparse.Namespace) -> int:
+    key = load_public_key(args.pubkey)
+    try:
+        bundle = json.loads(args.bundle.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot read proof bundle: {e}", source=str(args.bundle)) from e
+    try:
+        rec = verify_bundle(bundle, key)
+    except ProofError as e:
+        log.get_logger().error(f"{args.bundle}: proof does NOT verify: {e}")
+        return 1
+    what = f"{rec.get('decision')}, request {rec.get('request_id')}, donor {rec.get('donor_id')}"
+    where = f"record {bundle['index']} of the log at size {bundle['tree_size']}"
+    print(f"OK: decision {rec.get('decision_id')} ({what}) is {where}")
+    return 0
