@@ -49,7 +49,7 @@ def _engine_failure(reason: str) -> EngineResult:
     return EngineResult([GateOutcome(gate=g, result="error", detail=reason) for g in GATES], [])
 
 
-def _checked(result: EngineResult, doc: PolicyInput) -> EngineResult:
+def checked_result(result: EngineResult, doc: PolicyInput) -> EngineResult:
     """Fail closed on a malformed engine result or on spans that were not verified.
 
     NOTE: invariant: an approved span always lies inside a span that token
@@ -155,7 +155,7 @@ class Evaluator:
         try:
             if isinstance(result, Exception):
                 raise result
-            return _checked(result, doc)
+            return checked_result(result, doc)
         except Exception as e:  # noqa: BLE001 - fail closed
             return _engine_failure(f"policy engine {self.engine.name} failed: {type(e).__name__}: {e}")
 

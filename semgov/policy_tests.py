@@ -147,7 +147,7 @@ def run_case_file(
     path: Path, engine: PolicyEngine, *, run: re.Pattern[str] | None = None
 ) -> list[TestOutcome]:
     """Run the cases of one YAML case file through ``engine`` (with semgov's fail-closed checks)."""
-    from semgov.decide import _checked
+    from semgov.decide import checked_result
 
     src = str(path)
     try:
@@ -186,7 +186,7 @@ def run_case_file(
             out.append(TestOutcome(name, loc, "ERROR", f"invalid input: {where}: {err['msg']}", 0.0))
             continue
         try:
-            result = _checked(engine.evaluate(doc), doc)
+            result = checked_result(engine.evaluate(doc), doc)
         except Exception as e:  # noqa: BLE001
             out.append(TestOutcome(name, loc, "ERROR", f"engine failed: {type(e).__name__}: {e}", 0.0))
             continue
