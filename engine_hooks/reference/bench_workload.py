@@ -1,0 +1,641 @@
+"""The `semgov bench` workload: donor/recipient pairs per cohort, tokenized with the real tokenizer.
+
+A compact equivalent of ``examples/generate_workload.py`` (same tenants, tasks, contracts and
+cohorts) with two differences that a model benchmark needs:
+
+- prompts are the model's chat template, tokenized with the model's own tokenizer, one segment
+  at a time (``system`` | ``instruction`` | ``evidence`` | ``question``); every segment but the
+  first starts with its separator, so the concatenated segment tokens are exactly the
+  tokenization of the whole prompt text (checked per prompt: :attr:`PromptSpec.consistent`);
+- every evidence file embeds the values its questions ask for (e.g. "Revenue for the quarter
+  ended September 30, 2026 was $4,182.7 million"), so answer quality is judged by whether the
+  required value appears in the model's answer. The evidence is padded to the requested prompt
+  length with earlier quarters' figures; the current quarter's figures come last, nearest the
+  question.
+
+The expected decision of a pair follows from how it was built, not from running semgov.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from semgov import CapturedRequest, Keyring, SigningKey, provenance_payload, sign_provenance
+from semgov.keys import TrustedKey
+
+Json = dict[str, Any]
+Tokenize = Callable[[str], list[int]]
+
+START = datetime(2026, 11, 20, 8, 0, tzinfo=UTC)
+TTL = timedelta(days=7)
+POLICY_VERSION = "default@1"
+
+SYSTEM = {
+    "acme": "You are the Acme Capital research assistant. Answer only from the evidence provided, "
+    "cite figures exactly as written, and answer in one short sentence.",
+    "globex": "You are the Globex Advisors research copilot. Be precise, never invent numbers, and "
+    "answer in one short sentence that quotes the figure from the evidence.",
+    "initech": "You are the Initech Wealth analyst assistant. Use only the supplied documents, keep "
+    "units as written, and reply with one short sentence.",
+}
+TENANTS = tuple(sorted(SYSTEM))
+
+SCHEMAS = {
+    ("financials", 1): '{"type":"object","required":["metric","value"]}',
+    ("financials", 2): '{"type":"object","required":["metric","value","unit","currency","fiscal_period"]}',
+    ("risk_summary", 1): '{"type":"object","required":["risk","measure","quote"]}',
+    ("risk_summary", 2): '{"type":"object","required":["risk","likelihood","impact","horizon","quote"]}',
+}
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    contract: str
+    templates: tuple[str, str, str]  # the third asks for revision 2 of the contract
+    questions: tuple[tuple[str, str], ...]  # (question template, fact key)
+
+
+TASKS = (
+    Task(
+        "extract_financials",
+        "financials",
+        (
+            "Answer the analyst's question about the company in the research file below. Use only "
+            "figures stated in the file and copy them exactly as written.",
+            "Read the research file below, then answer the question that follows it. Quote the "
+            "relevant figure exactly, with its unit, and do not estimate anything the file does not state.",
+            "Answer the question below from the research file, giving every figure with its fiscal "
+            "period and reporting currency, as the financials v2 record requires.",
+        ),
+        (
+            ("What was {pos} revenue in the latest quarter?", "revenue"),
+            ("What was {pos} operating margin in the latest quarter?", "op_margin"),
+            ("What were {pos} diluted earnings per share for the latest quarter?", "eps"),
+            ("How much cash and equivalents did {name} hold at the end of the latest quarter?", "cash"),
+            ("How much free cash flow did {name} generate in the first nine months of fiscal 2026?", "fcf"),
+            ("How many employees did {name} have at the end of the latest quarter?", "headcount"),
+        ),
+    ),
+    Task(
+        "summarize_risks",
+        "risk_summary",
+        (
+            "Answer the question about the risks of the company in the research file below. Quote "
+            "the figure from the file that measures the risk.",
+            "Act as a credit analyst. Using only the research file below, answer the question that "
+            "follows it and quote the supporting figure exactly as written.",
+            "Answer the question below for the risk register v2, giving the figure together with its "
+            "likelihood, impact and time horizon, quoted from the research file.",
+        ),
+        (
+            ("What share of {pos} revenue came from its largest customer?", "customer"),
+            ("What share of {pos} sales is invoiced in currencies other than the US dollar?", "fx"),
+            ("How large are the notes {name} has coming due, in millions of dollars?", "notes"),
+            ("Below what net leverage must {name} stay under its credit facility?", "covenant"),
+            ("What was {pos} annualized employee attrition rate?", "attrition"),
+            ("How many days of supply did {pos} inventory represent?", "inventory_days"),
+        ),
+    ),
+)
+
+SECTORS = {
+    "industrial automation": (
+        ("Motion Control", "Process Automation", "Aftermarket Services"),
+        "a drives plant",
+    ),
+    "enterprise software": (
+        ("Cloud Platform", "Subscription Licenses", "Professional Services"),
+        "data centers",
+    ),
+    "specialty pharmaceuticals": (("Branded Products", "Generics", "Contract Manufacturing"), "a fill line"),
+    "consumer goods": (("Home Care", "Personal Care", "Pet Nutrition"), "packaging automation"),
+    "freight logistics": (("Truckload", "Intermodal", "Brokerage"), "tractor replacement"),
+    "semiconductors": (("Analog", "Power Management", "Sensors"), "wafer capacity"),
+}
+REGIONS = ("North America", "Europe", "Asia Pacific", "Latin America")
+NAMES = (
+    "Granite Holdings",
+    "Meridian Systems",
+    "Larkspur Industries",
+    "Tidewater Group",
+    "Oakridge Technologies",
+    "Vantage Brands",
+    "Halcyon Partners",
+    "Ironwood Corporation",
+    "Juniper Holdings",
+    "Northgate Systems",
+    "Redfern Industries",
+    "Silverton Group",
+)
+
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3})")
+
+
+def possessive(name: str) -> str:
+    return name + ("'" if name.endswith("s") else "'s")
+
+
+def numbers_in(text: str) -> list[str]:
+    """Numbers in ``text``, thousands separators removed ("$4,182.7 million" -> "4182.7")."""
+    return _NUMBER.findall(_THOUSANDS.sub("", text))
+
+
+def value_present(value: str, answer: str) -> bool:
+    """Does ``answer`` state the number of ``value`` (a required value such as "$4,182.7 million")?"""
+    want = numbers_in(value)
+    return bool(want) and want[0] in numbers_in(answer)
+
+
+# --- entities and evidence ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Entity:
+    index: int
+    tenant: str
+    namespace: str
+    name: str
+    evidence: str
+    values: dict[str, str]  # fact key -> required value as written in the evidence
+
+
+def _m(x: float) -> str:
+    return f"${x:,.1f} million"
+
+
+def _core(name: str, ticker: str, sector: str, rng: random.Random) -> tuple[list[str], dict[str, str]]:
+    """The current quarter's sentences (every required value) and the values by fact key."""
+    u = rng.uniform
+    segs, _ = SECTORS[sector]
+    rev, growth = u(180, 6500), u(-6, 24)
+    om = u(4, 30)
+    eps = u(0.2, 6.5)
+    cash, debt = rev * u(0.1, 0.6), rev * u(0.2, 1.4)
+    head = rng.randrange(900, 48000, 10)
+    v = {
+        "revenue": _m(rev),
+        "op_margin": f"{om:.1f}%",
+        "eps": f"${eps:.2f}",
+        "cash": _m(cash),
+        "fcf": _m(rev * u(0.1, 0.5)),
+        "headcount": f"{head:,}",
+        "customer": f"{rng.randrange(4, 23)}%",
+        "fx": f"{rng.randrange(24, 61)}%",
+        "notes": _m(debt * u(0.2, 0.6)),
+        "covenant": f"{u(3.5, 4.5):.1f} times",
+        "attrition": f"{u(6, 19):.1f}%",
+        "inventory_days": f"{rng.randint(45, 160)} days",
+    }
+    up = "up" if growth >= 0 else "down"
+    sentences = [
+        f"Latest results. Revenue for the quarter ended September 30, 2026 was {v['revenue']}, {up} "
+        f"{abs(growth):.1f}% from a year earlier.",
+        f"The operating margin for the quarter ended September 30, 2026 was {v['op_margin']}.",
+        f"Diluted earnings per share for the quarter were {v['eps']}.",
+        f"Cash and equivalents at quarter end were {v['cash']}, against total debt of {_m(debt)}.",
+        f"Free cash flow for the first nine months of fiscal 2026 was {v['fcf']}.",
+        f"{name} had {v['headcount']} employees at quarter end.",
+        f"Risks. The largest customer accounted for {v['customer']} of revenue.",
+        f"About {v['fx']} of sales are invoiced in currencies other than the US dollar.",
+        f"Notes of {v['notes']} come due in {rng.randint(2027, 2030)}.",
+        f"The credit facility requires net leverage below {v['covenant']}.",
+        f"Employee attrition ran at {v['attrition']} annualized.",
+        f"Inventory stood at {v['inventory_days']} of supply, mostly in the {segs[0]} segment.",
+    ]
+    return sentences, v
+
+
+_MONTHS = {3: ("March", 31), 6: ("June", 30), 9: ("September", 30), 12: ("December", 31)}
+
+
+def _quarters() -> Iterator[str]:
+    """Quarter-end dates before the current quarter, newest first."""
+    year, month = 2026, 6
+    while True:
+        name, day = _MONTHS[month]
+        yield f"{name} {day}, {year}"
+        month -= 3
+        if month <= 0:
+            month, year = 12, year - 1
+
+
+def _history(sector: str, capex_use: str, rng: random.Random) -> Iterator[str]:
+    """Earlier quarters' figures, newest first, as many as asked for."""
+    segs, _ = SECTORS[sector]
+    u = rng.uniform
+    for q in _quarters():
+        rev = u(150, 6000)
+        income = _m(rev * u(0.03, 0.3))
+        yield f"In the quarter ended {q}, revenue was {_m(rev)} and operating income {income}."
+        for s in segs:
+            seg_rev = _m(rev * u(0.15, 0.5))
+            trend = rng.choice(("up", "down"))
+            change = f"{u(0.5, 25):.1f}%"
+            yield f"{s} revenue in the quarter ended {q} was {seg_rev}, {trend} {change} from a year earlier."
+        yield f"Revenue from {rng.choice(REGIONS)} in the quarter ended {q} was {_m(rev * u(0.1, 0.4))}."
+        bookings = _m(rev * u(0.8, 1.3))
+        ratio = f"{u(0.8, 1.3):.2f}"
+        yield f"Bookings in the quarter ended {q} totaled {bookings}, a book-to-bill ratio of {ratio}."
+        capex = _m(rev * u(0.02, 0.09))
+        yield f"Capital expenditure in the quarter ended {q} was {capex}, mostly for {capex_use}."
+
+
+def make_entity(
+    index: int, tokenize: Tokenize, evidence_tokens: int, rng: random.Random, *, tenant: str
+) -> Entity:
+    """A company with an evidence file of about ``evidence_tokens`` tokens (never below its core facts)."""
+    name = NAMES[index % len(NAMES)]
+    ticker = (name.split()[0][:3] + name.split()[1][0]).upper()
+    for _attempt in range(100):
+        sector = rng.choice(sorted(SECTORS))
+        core, values = _core(name, ticker, sector, rng)
+        intro = f"{name} ({ticker}) is a {sector} company. Figures are in US dollars."
+        n = len(tokenize(intro + " " + " ".join(core)))
+        history: list[str] = []
+        for s in _history(sector, SECTORS[sector][1], rng):
+            if n >= evidence_tokens:
+                break
+            history.append(s)
+            n += len(tokenize(" " + s))
+        evidence = " ".join([intro, *history, *core])
+        found = numbers_in(evidence)
+        # Every required number must occur exactly once, so an answer stating it read it there.
+        if all(found.count(numbers_in(v)[0]) == 1 for v in values.values()):
+            return Entity(index, tenant, f"research/entity-{index:03d}", name, evidence, values)
+    raise RuntimeError("could not draw an evidence file with unique required values")
+
+
+# --- prompts --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """A prompt's token ids, text and role segments (segments tile the tokens)."""
+
+    token_ids: list[int]
+    text: str
+    segments: list[Json]
+    consistent: bool  # segment-wise tokens == tokenization of the whole text
+
+    def wire(self) -> Json:
+        return {"token_ids": self.token_ids, "text": self.text, "segments": self.segments}
+
+    def role_at(self, pos: int) -> str:
+        for s in self.segments:
+            if s["start"] <= pos < s["end"]:
+                return str(s["role"])
+        raise IndexError(pos)
+
+
+def chat_parts(system: str, instruction: str, evidence: str, question: str) -> list[tuple[str, str]]:
+    """ChatML (SmolLM2's template) split by role; each later segment starts with its separator."""
+    return [
+        ("system", f"<|im_start|>system\n{system}<|im_end|>\n"),
+        ("instruction", f"<|im_start|>user\n{instruction}"),
+        ("evidence", f"\n\nResearch file:\n{evidence}"),
+        ("question", f"\n\nQuestion: {question}<|im_end|>\n<|im_start|>assistant\n"),
+    ]
+
+
+def build_prompt(parts: Sequence[tuple[str, str]], tokenize: Tokenize) -> PromptSpec:
+    ids: list[int] = []
+    segments: list[Json] = []
+    for role, text in parts:
+        toks = tokenize(text)
+        segments.append({"role": role, "start": len(ids), "end": len(ids) + len(toks)})
+        ids.extend(toks)
+    text = "".join(t for _, t in parts)
+    return PromptSpec(ids, text, segments, consistent=tokenize(text) == ids)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request: a company, a task, an instruction template and a question."""
+
+    entity: Entity
+    task: Task
+    template: int
+    question: int
+    received_at: datetime
+    evidence_extra: str = ""
+
+    @property
+    def contract(self) -> Json:
+        schema = SCHEMAS[(self.task.contract, 2 if self.template == 2 else 1)]
+        return {"id": self.task.contract, "schema_sha256": hashlib.sha256(schema.encode()).hexdigest()}
+
+    @property
+    def question_text(self) -> str:
+        name = self.entity.name
+        return self.task.questions[self.question][0].format(name=name, pos=possessive(name))
+
+    @property
+    def required(self) -> list[str]:
+        return [self.entity.values[self.task.questions[self.question][1]]]
+
+    def prompt(self, tokenize: Tokenize) -> PromptSpec:
+        e = self.entity
+        return build_prompt(
+            chat_parts(
+                SYSTEM[e.tenant],
+                self.task.templates[self.template],
+                e.evidence + self.evidence_extra,
+                self.question_text,
+            ),
+            tokenize,
+        )
+
+
+# --- cohorts --------------------------------------------------------------------------------
+
+REALISTIC = {  # cohort: (expected decision, similarity range)
+    "exact": ("allow", (0.97, 1.0)),
+    "shifted": ("allow", (0.85, 0.95)),
+    "question": ("allow", (0.75, 0.9)),
+    "instruction": ("deny", (0.8, 0.92)),
+    "task": ("deny", (0.65, 0.82)),
+    "entity_swap": ("deny", (0.7, 0.85)),
+    "unrelated": ("deny", (0.2, 0.55)),
+}
+MUTATIONS = ("other_tenant", "expired", "stale_policy", "tampered", "unknown_key", "pii_text")
+COHORTS = (*REALISTIC, *MUTATIONS)
+ALLOW_BASES = ("exact", "question", "shifted")
+
+
+def expected(cohort: str) -> str:
+    return REALISTIC[cohort][0] if cohort in REALISTIC else "deny"
+
+
+@dataclass(frozen=True)
+class BenchKeys:
+    """Throwaway Ed25519 keys: ``k1`` trusted provenance key, ``k9`` outside the keyring, decision key."""
+
+    k1: SigningKey
+    k9: SigningKey
+    decision: SigningKey
+    keyring: Keyring
+
+    @classmethod
+    def generate(cls) -> BenchKeys:
+        k1 = SigningKey.from_private(Ed25519PrivateKey.generate(), "bench-k1")
+        k9 = SigningKey.from_private(Ed25519PrivateKey.generate(), "bench-k9")
+        decision = SigningKey.from_private(Ed25519PrivateKey.generate())
+        return cls(k1, k9, decision, Keyring([TrustedKey(k1.key_id, k1.public_key, False)]))
+
+
+@dataclass
+class Pair:
+    """A recipient request with one donor candidate, and what the cohort design expects."""
+
+    cohort: str
+    index: int
+    base: str  # the realistic cohort the pair was built from (a mutation's allow base)
+    recipient: PromptSpec
+    donor: PromptSpec
+    request: CapturedRequest
+    similarity: float
+    required: list[str]
+    question: str
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def expect(self) -> str:
+        return expected(self.cohort)
+
+    @property
+    def pair_id(self) -> str:
+        return f"{self.cohort}-{self.index}"
+
+
+def _rfc3339(dt: datetime) -> str:
+    return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def captured_request(
+    *,
+    request_id: str,
+    received_at: datetime,
+    tenant: str,
+    namespace: str,
+    task: Task,
+    contract: Json,
+    recipient: PromptSpec,
+    donor_id: str,
+    donor: PromptSpec,
+    similarity: float,
+    provenance: Json,
+    expect: str | None = None,
+) -> CapturedRequest:
+    """A ``semgov.captured_request/v1`` with one donor candidate (its text included, for the PII scan)."""
+    return CapturedRequest.model_validate(
+        {
+            "schema": "semgov.captured_request/v1",
+            "request_id": request_id,
+            "received_at": _rfc3339(received_at),
+            "tenant": tenant,
+            "namespace": namespace,
+            "task": {"id": task.id, "version": "1"},
+            "response_contract": contract,
+            "prompt": recipient.wire(),
+            "candidates": [
+                {
+                    "donor_id": donor_id,
+                    "similarity": similarity,
+                    "prompt": donor.wire(),
+                    "provenance": provenance,
+                }
+            ],
+            "expect": {donor_id: expect} if expect else None,
+        }
+    )
+
+
+def signed_provenance(call: Call, donor_id: str, donor: PromptSpec, key: SigningKey, **changes: Any) -> Json:
+    """The donor's provenance, signed by ``key`` after applying ``changes`` to the payload."""
+    payload = provenance_payload(
+        donor_id=donor_id,
+        tenant=call.entity.tenant,
+        namespace=call.entity.namespace,
+        task={"id": call.task.id, "version": "1"},
+        response_contract=call.contract,
+        created_at=call.received_at,
+        expires_at=call.received_at + TTL,
+        policy_version=POLICY_VERSION,
+        token_ids=donor.token_ids,
+    )
+    payload.update(changes)
+    return sign_provenance(payload, key)
+
+
+class WorkloadBuilder:
+    """Builds pairs for every cohort from a few entities per tenant."""
+
+    def __init__(self, tokenize: Tokenize, evidence_tokens: int, keys: BenchKeys, *, seed: int = 7) -> None:
+        self.tokenize = tokenize
+        self.keys = keys
+        self.seed = seed
+        self.rng = random.Random(seed)
+        # Two companies per tenant: entity swaps stay within a tenant.
+        self.entities = [
+            make_entity(i, tokenize, evidence_tokens, self.rng, tenant=TENANTS[i % len(TENANTS)])
+            for i in range(2 * len(TENANTS))
+        ]
+
+    def _sibling(self, e: Entity) -> Entity:
+        return next(x for x in self.entities if x.tenant == e.tenant and x is not e)
+
+    def calls(self, cohort: str, k: int, variant: str = "") -> tuple[Call, Call]:
+        """(recipient, donor) calls of the realistic cohort ``cohort``, variant ``k``.
+
+        The recipient (company, task, template, question) is drawn per ``(variant or cohort, k)``, so
+        cohorts do not all ask the same question.
+        """
+        rng = random.Random(f"{self.seed}/{variant or cohort}/{k}")
+        e = rng.choice(self.entities)
+        ti = rng.randrange(2)
+        task, other = TASKS[ti], TASKS[1 - ti]
+        tpl = rng.randrange(2)
+        q = rng.randrange(len(task.questions))
+        t0 = START + timedelta(hours=3 * k)
+        donor_at, at = t0, t0 + timedelta(minutes=40)
+        rec = Call(e, task, tpl, q, at)
+        if cohort == "exact":
+            return rec, Call(e, task, tpl, q, donor_at)
+        if cohort == "shifted":  # the other template of the same contract before the same evidence
+            return rec, Call(e, task, 1 - tpl, q, donor_at)
+        if cohort == "question":
+            return rec, Call(e, task, tpl, (q + 1 + rng.randrange(len(task.questions) - 1)) % 6, donor_at)
+        if cohort == "instruction":  # the template that asks for the contract's next revision
+            return rec, Call(e, task, 2, q, donor_at)
+        if cohort == "task":
+            return rec, Call(e, other, tpl, rng.randrange(len(other.questions)), donor_at)
+        if cohort == "entity_swap":
+            return rec, Call(self._sibling(e), task, tpl, q, donor_at)
+        if cohort == "unrelated":
+            return rec, Call(self._sibling(e), other, 1 - tpl, rng.randrange(len(other.questions)), donor_at)
+        raise ValueError(f"not a realistic cohort: {cohort}")
+
+    def pair(self, cohort: str, k: int) -> Pair:
+        base = cohort if cohort in REALISTIC else ALLOW_BASES[k % len(ALLOW_BASES)]
+        rec_call, donor_call = self.calls(base, k, variant=cohort)
+        changes: Json = {}
+        key = self.keys.k1
+        created = donor_call.received_at
+        if cohort == "other_tenant":  # provenance names another tenant that uses the same namespace name
+            changes = {"tenant": next(t for t in TENANTS if t != donor_call.entity.tenant)}
+        elif cohort == "expired":  # a one-hour cache entry, asked for two hours later
+            rec_call = Call(
+                rec_call.entity,
+                rec_call.task,
+                rec_call.template,
+                rec_call.question,
+                created + timedelta(hours=2),
+            )
+            changes = {"expires_at": _rfc3339(created + timedelta(hours=1))}
+        elif cohort == "stale_policy":
+            changes = {"policy_version": "default@0"}
+        elif cohort == "unknown_key":
+            key = self.keys.k9
+        elif cohort == "pii_text":  # a pasted footer the producer's scan missed
+            slug = donor_call.entity.name.split()[0].lower()
+            donor_call = Call(
+                donor_call.entity,
+                donor_call.task,
+                donor_call.template,
+                donor_call.question,
+                donor_call.received_at,
+                evidence_extra=f" Investor relations: ir@{slug}.com.",
+            )
+        recipient = rec_call.prompt(self.tokenize)
+        donor = donor_call.prompt(self.tokenize)
+        donor_id = f"donor-{cohort}-{k}"
+        prov = signed_provenance(donor_call, donor_id, donor, key, **changes)
+        if cohort == "tampered":  # edited after signing, in a way no other gate notices
+            prov["payload"] = {**prov["payload"], "visibility": "public"}
+        lo, hi = REALISTIC[base][1]
+        similarity = round(self.rng.uniform(lo, hi), 4)
+        e = rec_call.entity
+        request = captured_request(
+            request_id=f"req-{cohort}-{k}",
+            received_at=rec_call.received_at,
+            tenant=e.tenant,
+            namespace=e.namespace,
+            task=rec_call.task,
+            contract=rec_call.contract,
+            recipient=recipient,
+            donor_id=donor_id,
+            donor=donor,
+            similarity=similarity,
+            provenance=prov,
+            expect=expected(cohort),
+        )
+        return Pair(
+            cohort=cohort,
+            index=k,
+            base=base,
+            recipient=recipient,
+            donor=donor,
+            request=request,
+            similarity=similarity,
+            required=rec_call.required,
+            question=rec_call.question_text,
+            notes={"entity": e.name, "task": rec_call.task.id, "donor_entity": donor_call.entity.name},
+        )
+
+    def pairs(self, per_cohort: int, cohorts: Sequence[str] = COHORTS) -> list[Pair]:
+        return [self.pair(c, k) for k in range(per_cohort) for c in cohorts]
+
+
+@dataclass
+class PrefixCase:
+    """The prefix-reuse measurement: a long prompt whose donor asked another question about the
+    same evidence (common prefix: everything but the question), and its captured request."""
+
+    recipient: PromptSpec
+    donor: PromptSpec
+    request: CapturedRequest
+    required: list[str]
+
+
+def prefix_case(tokenize: Tokenize, tokens: int, keys: BenchKeys, seed: int = 11) -> PrefixCase:
+    """A :class:`PrefixCase` whose recipient prompt has about ``tokens`` tokens."""
+    e = make_entity(0, tokenize, evidence_budget(tokenize, tokens), random.Random(seed), tenant="acme")
+    rec_call = Call(e, TASKS[0], 0, 0, START + timedelta(minutes=40))
+    donor_call = Call(e, TASKS[0], 0, 1, START)
+    rec, donor = rec_call.prompt(tokenize), donor_call.prompt(tokenize)
+    request = captured_request(
+        request_id="req-prefix",
+        received_at=rec_call.received_at,
+        tenant=e.tenant,
+        namespace=e.namespace,
+        task=rec_call.task,
+        contract=rec_call.contract,
+        recipient=rec,
+        donor_id="donor-prefix",
+        donor=donor,
+        similarity=0.85,
+        provenance=signed_provenance(donor_call, "donor-prefix", donor, keys.k1),
+        expect="allow",
+    )
+    return PrefixCase(rec, donor, request, rec_call.required)
+
+
+def evidence_budget(tokenize: Tokenize, prompt_tokens: int) -> int:
+    """Evidence tokens that make a prompt of about ``prompt_tokens`` tokens."""
+    probe = make_entity(0, tokenize, 64, random.Random(0), tenant="acme")
+    longest_question = max(
+        (Call(probe, t, tpl, q, START) for t in TASKS for tpl in range(3) for q in range(len(t.questions))),
+        key=lambda c: len(c.prompt(tokenize).token_ids),
+    )
+    overhead = len(longest_question.prompt(tokenize).token_ids) - len(tokenize(probe.evidence))
+    return max(64, prompt_tokens - overhead)
