@@ -13,14 +13,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from semgov._internal.log import get_logger
 from semgov._internal.pii import PiiScanner
 from semgov._internal.timefmt import rfc3339
+from semgov._internal.tokens import as_tokens, token_hash
 from semgov.canonical import canonicalize_record
 from semgov.capture import MalformedLine
 from semgov.engine import ApprovedSpan, EngineResult, GateOutcome, PolicyEngine, PolicySource
 from semgov.facts import FactContext, PreparedPrompt, compute_facts
 from semgov.keys import Keyring, SigningKey
-from semgov.models import DECISION_SCHEMA, GATES, CapturedRequest
+from semgov.models import DECISION_SCHEMA, GATES, CapturedRequest, Prompt
 from semgov.policy_input import PolicyInput
 from semgov.records import sign_record
 
@@ -128,6 +130,30 @@ class Evaluator:
             compute_facts(req, recipient, c, config=self.policy.fact_config, ctx=self.ctx, now=clock)
             for c in req.candidates
         ]
+
+    def register_donor(self, prompt: Prompt) -> frozenset[str] | None:
+        """Compute a donor's per-donor facts ahead of any decision (today: its PII scan).
+
+        An engine calls this when a finished request becomes a donor, off any recipient's
+        path, so that later decisions find the scan cached (it is keyed by token and text
+        hash). Returns the forbidden entity types found, or None when there is nothing to scan
+        or the scan failed (a decision then scans again and fails closed if it fails again).
+        """
+        cfg = self.policy.fact_config
+        scanner = self.ctx.pii_scanner
+        if not cfg.scan_donor_text or prompt.text is None or scanner is None:
+            return None
+        try:
+            return scanner.scan(
+                prompt.text,
+                donor_token_hash=token_hash(as_tokens(prompt.token_ids)),
+                min_score=cfg.pii_min_score,
+                phone_regions=cfg.phone_regions,
+                entities=cfg.pii_entities,
+            )
+        except Exception as e:  # noqa: BLE001 - best effort: the decision path fails closed
+            get_logger().warning("donor registration scan failed", error=f"{type(e).__name__}: {e}")
+            return None
 
     def decide(self, doc: PolicyInput) -> EngineResult:
         """Run the engine over one document, failing closed on any engine error."""

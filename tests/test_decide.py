@@ -104,3 +104,20 @@ def test_random_cases_covered_both_outcomes(lenient: Evaluator, keys: Keys) -> N
     if sum(SEEN.values()) == 0:
         test_random_candidates_never_raise_and_allows_are_justified(lenient, keys)
     assert SEEN["allow"] >= 10 and SEEN["deny"] >= 10, SEEN
+
+
+def test_register_donor_scans_once_ahead_of_decisions(keys: Keys) -> None:
+    """register_donor runs the donor's PII scan; the decision then finds it cached."""
+    from semgov import load_policy
+    from tests.conftest import DEFAULT_POLICY_DIR, parse
+
+    scanner = PiiScanner()
+    ev = Evaluator(load_policy(DEFAULT_POLICY_DIR), keys.keyring, keys.decision, pii_scanner=scanner)
+    cand = candidate(keys)
+    cand["prompt"]["text"] = "Reach the desk at ops@example.com."
+    req = parse(request([cand]))
+    assert ev.register_donor(req.candidates[0].prompt) == frozenset({"EMAIL_ADDRESS"})
+    assert scanner.scans == 1
+    [d] = ev.evaluate(req)
+    assert scanner.scans == 1 and d.decision == "deny"
+    assert ev.register_donor(parse(request([candidate(keys)])).candidates[0].prompt) is None  # no text

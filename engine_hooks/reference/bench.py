@@ -231,8 +231,9 @@ class Bench:
         self.policy = load_policy(cfg.policy)
         self.min_similarity = float(self.policy.similarity.min)
         self.evaluator = Evaluator(self.policy, self.keys.keyring, self.keys.decision)
-        # The ungoverned arms' span search: same facts code, no PII scan, own caches, so the
-        # governed arm's first decision on each donor still pays for that donor's scan.
+        self.registrations: list[float] = []
+        # The ungoverned arms' span search: same facts code, no PII scan, own caches (the donor's
+        # PII scan happens once, at donor registration, as an engine would do it).
         self._span_config = replace(self.policy.fact_config, scan_donor_text=False)
         self._span_ctx = FactContext(self.keys.keyring)
         self._audit_dir = tempfile.TemporaryDirectory(prefix="semgov-bench-audit-")
@@ -289,6 +290,16 @@ class Bench:
         timed = _timed(run, self.repeats)
         return timed, records[0], gov
 
+    def register_donor(self, req: CapturedRequest) -> float:
+        """Donor registration, as an engine does when a request becomes a donor (off any
+        recipient's path): its KV is cached and semgov computes its per-donor facts (the PII
+        scan). Returns the seconds semgov spent; collected in ``self.registrations``."""
+        t0 = time.perf_counter()
+        self.evaluator.register_donor(req.candidates[0].prompt)
+        took = time.perf_counter() - t0
+        self.registrations.append(took)
+        return took
+
     def verified_spans(self, req: CapturedRequest) -> list[SpanFacts]:
         """Every token-identical span of the request's first candidate (``facts.tokens.spans``)."""
         doc = compute_facts(
@@ -330,6 +341,7 @@ class Bench:
         """Cold, then every arm, on one pair; and a second cold run for the noise floor."""
         ids = pair.recipient.token_ids
         donor = mz.donor_kv(self.lm, pair.donor.token_ids)
+        self.register_donor(pair.request)
         cold_t = self.cold(ids)
         cold_logits = cold_t.prefill.logits_last.detach().clone()
         cold_ids = self.answer(cold_t.prefill)
@@ -446,6 +458,7 @@ class Bench:
         ids = case.recipient.token_ids
         lcp = _lcp(ids, case.donor.token_ids)
         donor = mz.donor_kv(self.lm, case.donor.token_ids)
+        registration_s = self.register_donor(case.request)
         reps = max(3, self.repeats)
         spans = [{"recipient_start": 0, "donor_start": 0, "length": lcp, "kind": "prefix"}]
         cold = self.cold(ids, reps)
@@ -455,6 +468,7 @@ class Bench:
         cold_ans, warm_ans = self.answer(cold.prefill), self.answer(warm.prefill)
         result = {
             "prompt_tokens": len(ids),
+            "donor_registration_s": registration_s,
             "common_prefix": lcp,
             "materialized_tokens": warm.events_sum("materialized_tokens"),
             "chunk_tokens": mz.PREFILL_CHUNK_TOKENS,
@@ -480,9 +494,10 @@ class Bench:
     def overhead(self, case: PrefixCase, cold_ttft_s: float) -> Json:
         """Decision + signing + audit hand-off for the prefix case, as a share of its cold TTFT.
 
-        ``first`` is the first decision on this donor: it includes the Presidio scan of the donor
-        text, which semgov then caches per donor. ``steady`` is the median of later decisions on the
-        same donor (scan cached), as when one cached donor serves many requests.
+        The donor was registered first (its PII scan ran then, off the recipient's path, and is
+        reported separately). ``first`` is the first decision on this donor (its provenance
+        signature verified for the first time), ``steady`` the median of later decisions on the same
+        donor, as when one cached donor serves many requests. The target applies to both.
         """
         samples: list[float] = []
         decision = ""
@@ -506,7 +521,7 @@ class Bench:
             "first_pct_of_cold_ttft": 100 * first / cold_ttft_s,
             "steady_pct_of_cold_ttft": 100 * steady / cold_ttft_s,
             "target_pct": 1.0,
-            "meets_target": 100 * steady / cold_ttft_s < 1.0,
+            "meets_target": 100 * max(first, steady) / cold_ttft_s < 1.0,
         }
 
 
@@ -693,6 +708,11 @@ def run_bench(
         "arms": summarize(rows, cfg.cohorts),
         "prefix_measurement": prefix,
         "governance_overhead": overhead,
+        "donor_registration": {
+            "n": len(bench.registrations),
+            "median_ms": 1e3 * (_median(bench.registrations) or 0.0),
+            "max_ms": 1e3 * max(bench.registrations, default=0.0),
+        },
         "pair_overhead": {
             "n": len(pct),
             "median_ms": 1e3 * (_median([d for d, _ in gov]) or 0.0),
@@ -739,6 +759,6 @@ def summary(results: Json) -> str:
     lines.append(
         f"governance overhead: {1e3 * ov['steady_median_s']:.2f} ms = {ov['steady_pct_of_cold_ttft']:.3f}% "
         "of cold "
-        f"TTFT (target < 1%); first decision on a donor {ov['first_pct_of_cold_ttft']:.2f}%"
+        f"TTFT (target < 1%); first decision on a donor {ov['first_pct_of_cold_ttft']:.3f}%"
     )
     return "\n".join(lines)
