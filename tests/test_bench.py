@@ -101,6 +101,7 @@ def test_bench_writes_report_and_plots(bench_out: tuple[Path, int, dict[str, Any
     for c in COHORTS:
         assert re.search(rf"^\| {c} \| (allow|deny) \| 1 \|", report, re.M), c
     assert "(n=13)" in report
+    assert len((out / "pairs.jsonl").read_text().splitlines()) == len(COHORTS)
     for name in ("ttft_by_cohort.png", "quality_by_arm.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert name in results["plots"]

@@ -669,9 +669,13 @@ def run_bench(
         log(f"{len(pairs)} pairs, prompts {min(lengths)}-{max(lengths)} tokens, {cfg.threads} threads")
         rows: list[Json] = []
         floor_samples: list[Json] = []
+        progress = cfg.out / "pairs.jsonl"  # each row as it completes: a cut-short run keeps them
+        progress.write_text("", encoding="utf-8")
         for i, pair in enumerate(pairs):
             row, floor = bench.run_pair(pair, noise=i < (cfg.noise_pairs or 0))
             rows.append(row)
+            with progress.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
             if floor is not None:
                 floor_samples.append(floor)
             ratios = " ".join(f"{a}={row['arms'][a]['ttft_ratio']:.1f}x" for a in ARMS)

@@ -311,7 +311,8 @@ def report(results: Json) -> str:
         *_answers(results),
         "",
         "Plots: `ttft_by_cohort.png` (median TTFT ratio by cohort and arm), `quality_by_arm.png` (quality "
-        "regressions and unsafe materializations by arm). Raw rows: `results.json`.",
+        "regressions and unsafe materializations by arm). Raw rows: `results.json` (and `pairs.jsonl`, "
+        "written as each pair completes).",
         "",
     ]
     return "\n".join(L)
