@@ -330,8 +330,8 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def _atomic_replace(dir_fd: int, directory: Path, name: str, data: bytes) -> None:
-    """Replace ``directory/name`` with ``data``: temp file, fsync, rename, fsync directory."""
+def _durable_temp(directory: Path, name: str, data: bytes) -> Path:
+    """Write ``data`` to ``directory/.name.tmp`` and fsync it; return its path."""
     tmp = directory / f".{name}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -339,20 +339,19 @@ def _atomic_replace(dir_fd: int, directory: Path, name: str, data: bytes) -> Non
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, directory / name)
+    return tmp
+
+
+def _atomic_replace(dir_fd: int, directory: Path, name: str, data: bytes) -> None:
+    """Replace ``directory/name`` with ``data``: temp file, fsync, rename, fsync directory."""
+    os.replace(_durable_temp(directory, name, data), directory / name)
     os.fsync(dir_fd)
 
 
 def _write_once(dir_fd: int, directory: Path, name: str, data: bytes) -> bytes | None:
     """Create ``directory/name`` with ``data`` unless it exists; return the existing bytes if so."""
     final = directory / name
-    tmp = directory / f".{name}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        _write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    tmp = _durable_temp(directory, name, data)
     try:
         os.link(tmp, final)
     except FileExistsError:
