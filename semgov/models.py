@@ -1,4 +1,4 @@
-"""Wire types: captured requests, provenance, policy input and decision records.
+"""Wire types: captured requests, provenance, policy input, decision records and engine events.
 
 These pydantic models are the single source of truth for semgov's JSON formats;
 ``schemas/*.schema.json`` are generated from them (``semgov schema --write``)
@@ -7,7 +7,7 @@ and a test fails when the checked-in schemas drift.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -24,6 +24,7 @@ CAPTURED_REQUEST_SCHEMA = "semgov.captured_request/v1"
 PROVENANCE_SCHEMA = "semgov.provenance/v1"
 DECISION_SCHEMA = "semgov.decision/v1"
 POLICY_INPUT_SCHEMA = "semgov.policy_input/v1"
+ENGINE_EVENT_SCHEMA = "semgov.engine_event/v1"
 
 Role = Literal["system", "instruction", "evidence", "question", "other"]
 Hex64 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
@@ -229,3 +230,51 @@ class DecisionRecord(_Strict):
     signature: str
 
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True, populate_by_name=True)
+
+
+# --- engine events -----------------------------------------------------------
+
+EngineEventKind = Literal["realization", "realization_failed", "invariant_violation", "reuse_disabled"]
+# A run of KV-pool slots: ``[start, length]`` (slots ``start .. start + length - 1``).
+# NOTE: the tuple itself is lax (JSON gives lists), its two integers stay strict.
+SlotRange = Annotated[
+    tuple[Annotated[int, Field(ge=0, strict=True)], Annotated[int, Field(ge=1, strict=True)]],
+    Field(strict=False),
+]
+
+
+class EngineEvent(_Strict):
+    """Signed record of what a serving engine did with reuse (off its scheduler's path).
+
+    ``realization``: KV copied from a donor under ``decision_id`` (``materialized_tokens``
+    kept, in the recipient's KV-pool ``slots``, for the realized ``spans``);
+    ``realization_failed``: an allowed realization that did not happen; ``invariant_violation``:
+    the engine caught itself about to break a semgov invariant; ``reuse_disabled``: the engine
+    turned semantic reuse off. ``detail`` says why.
+    """
+
+    schema_: Literal["semgov.engine_event/v1"] = Field(alias="schema")
+    event_id: Id
+    kind: EngineEventKind
+    engine: Id
+    request_id: Id | None
+    decision_id: Id | None
+    donor_id: Id | None
+    materialized_tokens: int = Field(ge=0)
+    slots: list[SlotRange]
+    spans: list[Span]
+    detail: str
+    at: Annotated[AwareDatetime, Field(strict=False)]
+    key_id: str
+    signature: str
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+
+    @field_validator("at", mode="before")
+    @classmethod
+    def _utc(cls, v: object) -> object:
+        if isinstance(v, str) and v.endswith("Z"):
+            return v
+        if isinstance(v, datetime) and v.utcoffset() == timedelta(0):
+            return v
+        raise ValueError("must be an RFC 3339 UTC timestamp ending in 'Z'")

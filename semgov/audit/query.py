@@ -1,6 +1,8 @@
-"""Reviewing decisions in an audit log: filters (``semgov audit show``) and tallies (``stats``).
+"""Reviewing an audit log: filters (``semgov audit show``) and tallies (``stats``).
 
-Pure functions over decoded decision records; reading the log is the caller's job.
+Pure functions over decoded records (decision records and engine events); reading the log is
+the caller's job. Filters on decision fields (tenant, namespace, decision, gate) skip engine
+events; ``kind`` (an engine event kind) skips decisions.
 """
 
 from __future__ import annotations
@@ -12,11 +14,22 @@ from datetime import datetime
 from typing import Any
 
 from semgov._internal.timefmt import parse_rfc3339
+from semgov.models import ENGINE_EVENT_SCHEMA
+
+
+def is_event(rec: dict[str, Any]) -> bool:
+    """True for an engine event, False for a decision record."""
+    return rec.get("schema") == ENGINE_EVENT_SCHEMA
+
+
+def record_time(rec: dict[str, Any]) -> str:
+    """When a record happened, as logged: ``evaluated_at`` of a decision, ``at`` of an engine event."""
+    return str(rec.get("at") if is_event(rec) else rec.get("evaluated_at"))
 
 
 @dataclass(frozen=True)
 class Filter:
-    """Conditions a record must meet; ``None`` means any."""
+    """Conditions a record must meet; ``None`` means any (see the module docstring for events)."""
 
     tenant: str | None = None
     namespace: str | None = None
@@ -24,10 +37,17 @@ class Filter:
     donor_id: str | None = None
     decision: str | None = None
     gate: str | None = None  # records where this gate did not pass
-    since: datetime | None = None  # evaluated_at >= since
-    until: datetime | None = None  # evaluated_at < until
+    since: datetime | None = None  # evaluated_at (an event's at) >= since
+    until: datetime | None = None  # evaluated_at (an event's at) < until
+    kind: str | None = None  # engine events of this kind
+    decision_id: str | None = None  # the decision record and the engine events that name it
 
     def matches(self, rec: dict[str, Any]) -> bool:
+        event = is_event(rec)
+        if event and any(v is not None for v in (self.tenant, self.namespace, self.decision, self.gate)):
+            return False
+        if self.kind is not None and (not event or rec.get("kind") != self.kind):
+            return False
         if self.tenant is not None and rec.get("tenant") != self.tenant:
             return False
         if self.namespace is not None and rec.get("namespace") != self.namespace:
@@ -36,6 +56,8 @@ class Filter:
             return False
         if self.donor_id is not None and rec.get("donor_id") != self.donor_id:
             return False
+        if self.decision_id is not None and rec.get("decision_id") != self.decision_id:
+            return False
         if self.decision is not None and rec.get("decision") != self.decision:
             return False
         if self.gate is not None and not any(
@@ -43,7 +65,7 @@ class Filter:
         ):
             return False
         if self.since is not None or self.until is not None:
-            at = parse_rfc3339(str(rec.get("evaluated_at")), what="evaluated_at")
+            at = parse_rfc3339(record_time(rec), what="at" if event else "evaluated_at")
             if self.since is not None and at < self.since:
                 return False
             if self.until is not None and at >= self.until:
@@ -58,22 +80,35 @@ def select(
     return ((i, r) for i, r in records if flt.matches(r))
 
 
+def _bucket(at: str, period: str) -> str:
+    return at[:10] if period == "day" else at[:13] + "h" if period == "hour" else at[:7]
+
+
 @dataclass
 class Stats:
-    """Tallies over decision records."""
+    """Tallies over decision records and engine events (``records`` counts both)."""
 
     records: int = 0
+    schemas: Counter[str] = field(default_factory=Counter)
     decisions: Counter[str] = field(default_factory=Counter)
     gate_fail: Counter[str] = field(default_factory=Counter)
     gate_error: Counter[str] = field(default_factory=Counter)
     approved_tokens: Counter[tuple[str, str]] = field(default_factory=Counter)  # (tenant, namespace)
     by_period: dict[str, Counter[str]] = field(
         default_factory=lambda: defaultdict(Counter)
-    )  # period -> decision
+    )  # period -> decision, or "event" for engine events
     engines: Counter[str] = field(default_factory=Counter)
+    event_kinds: Counter[str] = field(default_factory=Counter)
+    materialized_tokens: int = 0
 
     def add(self, rec: dict[str, Any], period: str) -> None:
         self.records += 1
+        self.schemas[str(rec.get("schema"))] += 1
+        if is_event(rec):
+            self.event_kinds[str(rec.get("kind"))] += 1
+            self.materialized_tokens += int(rec.get("materialized_tokens", 0))
+            self.by_period[_bucket(record_time(rec), period)]["event"] += 1
+            return
         decision = str(rec.get("decision"))
         self.decisions[decision] += 1
         for g in rec.get("gates", []):
@@ -83,15 +118,13 @@ class Stats:
                 self.gate_error[str(g.get("gate"))] += 1
         key = (str(rec.get("tenant")), str(rec.get("namespace")))
         self.approved_tokens[key] += int(rec.get("approved_tokens", 0))
-        at = str(rec.get("evaluated_at", ""))
-        bucket = at[:10] if period == "day" else at[:13] + "h" if period == "hour" else at[:7]
-        self.by_period[bucket][decision] += 1
+        self.by_period[_bucket(str(rec.get("evaluated_at", "")), period)][decision] += 1
         policy = rec.get("policy") or {}
         self.engines[f"{policy.get('name')}@{policy.get('version')} ({policy.get('engine')})"] += 1
 
 
 def tally(records: Iterable[dict[str, Any]], *, period: str = "day") -> Stats:
-    """Counts by decision, gate failures and errors, approved tokens by tenant and namespace, over time."""
+    """Counts by schema, decision, gate failure and error, approved tokens, event kind and period."""
     st = Stats()
     for r in records:
         st.add(r, period)

@@ -1,7 +1,7 @@
 """Verifying an audit log, and offline proof bundles.
 
-``verify_log`` re-reads every frame, re-hashes every leaf, checks every decision
-record's signature (in parallel worker processes for large logs), recomputes the
+``verify_log`` re-reads every frame, re-hashes every leaf, checks every record's
+signature (decision records and engine events) (in parallel worker processes for large logs), recomputes the
 tree, checks the latest signed checkpoint and every older one kept in the log,
 and, given a checkpoint a reviewer kept, proves the log still extends it. It
 reports the first bad record by index with the reason.
@@ -49,6 +49,7 @@ from semgov.audit.store import (
 )
 from semgov.canonical import canonicalize_record
 from semgov.keys import key_id_for
+from semgov.models import DECISION_SCHEMA, ENGINE_EVENT_SCHEMA
 
 BUNDLE_SCHEMA = "semgov.audit_proof/v1"
 _CHUNK = 20_000  # frames per worker task
@@ -107,14 +108,19 @@ class Report:
 # ---- per-record signature check (pure; also run in worker processes) ------------------------
 
 
+_SIGNED = {DECISION_SCHEMA: "decision", ENGINE_EVENT_SCHEMA: "engine event"}  # schema -> what it is
+
+
 def record_problem(leaf: bytes, public_key: Ed25519PublicKey, key_id: str) -> str | None:
-    """Why ``leaf`` is not a canonical decision record signed by ``public_key``, or None."""
+    """Why ``leaf`` is not a canonical decision record or engine event signed by ``public_key``, or None."""
     try:
         rec = json.loads(leaf)
     except ValueError as e:
         return f"not JSON ({e})"
-    if not isinstance(rec, dict) or rec.get("schema") != "semgov.decision/v1":
-        return "not a semgov.decision/v1 record"
+    schema = rec.get("schema") if isinstance(rec, dict) else None
+    what = _SIGNED.get(schema) if isinstance(schema, str) else None
+    if what is None:
+        return f"not a {DECISION_SCHEMA} or {ENGINE_EVENT_SCHEMA} record"
     sig = rec.get("signature")
     if not isinstance(sig, str):
         return "record has no signature"
@@ -133,7 +139,7 @@ def record_problem(leaf: bytes, public_key: Ed25519PublicKey, key_id: str) -> st
         raw = base64.b64decode(sig, validate=True)
         public_key.verify(raw, message)
     except Exception:  # noqa: BLE001 - any failure is a bad signature
-        return "decision signature does not verify"
+        return f"{what} signature does not verify"
     return None
 
 
@@ -360,7 +366,7 @@ def _check_kept(note: bytes, hashes: list[bytes], key: Ed25519PublicKey | None, 
 
 
 def make_bundle(directory: Path, decision_id: str) -> dict[str, Any]:
-    """Proof bundle for the record with ``decision_id`` against the log's latest checkpoint."""
+    """Proof bundle for the decision record ``decision_id`` against the log's latest checkpoint."""
     note = read_checkpoint(directory)
     if note is None:
         raise AuditLogError("the log has no checkpoint yet; nothing to prove against", source=str(directory))
@@ -372,8 +378,12 @@ def make_bundle(directory: Path, decision_id: str) -> dict[str, Any]:
         if i >= cp.size:
             break
         hashes.append(leaf_hash(leaf))
-        if found is None and needle in leaf and json.loads(leaf).get("decision_id") == decision_id:
-            found = (i, leaf)
+        if found is None and needle in leaf:
+            rec = json.loads(leaf)
+            # NOTE: an engine event names its decision too; the bundle proves the decision record.
+            is_decision = isinstance(rec, dict) and rec.get("schema") == DECISION_SCHEMA
+            if is_decision and rec.get("decision_id") == decision_id:
+                found = (i, leaf)
     if found is None:
         raise AuditLogError(
             f"no record with decision_id {decision_id!r} among the {cp.size} records the latest checkpoint "
@@ -392,7 +402,10 @@ def make_bundle(directory: Path, decision_id: str) -> dict[str, Any]:
 
 
 def verify_bundle(bundle: Any, public_key: Ed25519PublicKey) -> dict[str, Any]:
-    """Check a proof bundle without the log; return the decision record. Raises ProofError."""
+    """Check a proof bundle without the log; return its record (a decision, or an engine event).
+
+    Raises ProofError.
+    """
     if not isinstance(bundle, dict) or bundle.get("schema") != BUNDLE_SCHEMA:
         raise ProofError(f"not a {BUNDLE_SCHEMA} bundle")
     try:

@@ -5,17 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from semgov._internal import log
 from semgov.audit.merkle import ProofError
-from semgov.audit.query import Filter, parse_when, select, tally
+from semgov.audit.query import Filter, is_event, parse_when, record_time, select, tally
 from semgov.audit.store import AuditLogError, iter_records
 from semgov.audit.verify import make_bundle, verify_bundle, verify_log
 from semgov.errors import InputError
 from semgov.keys import load_public_key
-from semgov.models import GATES
+from semgov.models import ENGINE_EVENT_SCHEMA, GATES, EngineEventKind
 
 DEFAULT_DIR = Path("audit/log")
 
@@ -25,17 +26,17 @@ def register(sub: Any) -> None:
         "audit",
         help="verify and review an audit log",
         description="The audit log is append-only and tamper-evident: an RFC 6962 Merkle tree over "
-        "the signed decision records, with C2SP signed checkpoints. See audit/README.md.",
+        "the signed decision records and engine events, with C2SP signed checkpoints. See audit/README.md.",
     )
     a = p.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
 
     v = a.add_parser(
         "verify",
         help="re-hash and check everything in a log",
-        description="Re-read every record (frame hashes and leaf indices), check every decision "
-        "signature and the latest checkpoint (and every older one the log kept), and, given a "
-        "checkpoint you kept earlier, prove the log still extends it. Reports the first bad record "
-        "by index with the reason; exit 1 on any problem.",
+        description="Re-read every record (frame hashes and leaf indices), check every record's "
+        "signature (decisions and engine events) and the latest checkpoint (and every older one the "
+        "log kept), and, given a checkpoint you kept earlier, prove the log still extends it. Reports "
+        "the first bad record by index with the reason; exit 1 on any problem.",
     )
     v.add_argument("directory", type=Path, nargs="?", default=DEFAULT_DIR, metavar="DIR")
     v.add_argument("--pubkey", type=Path, metavar="KEY", help="the decision signing key's public PEM")
@@ -43,7 +44,12 @@ def register(sub: Any) -> None:
     v.add_argument("--workers", type=int, metavar="N", help="processes for signature checks (default 2)")
     v.set_defaults(func=run_verify)
 
-    s = a.add_parser("show", help="list decisions", description="List the decisions that match every filter.")
+    s = a.add_parser(
+        "show",
+        help="list decisions and engine events",
+        description="List the decision records and engine events that match every filter "
+        "(decision filters skip engine events; --kind skips decisions).",
+    )
     s.add_argument("directory", type=Path, nargs="?", default=DEFAULT_DIR, metavar="DIR")
     _filters(s)
     s.add_argument("--format", choices=("table", "jsonl"), default="table")
@@ -53,8 +59,9 @@ def register(sub: Any) -> None:
     st = a.add_parser(
         "stats",
         help="counts over a log",
-        description="Counts by decision, gate failures and errors, approved tokens by tenant and namespace, "
-        "and decisions over time, for the records that match the filters.",
+        description="Counts by record schema, decision, gate failures and errors, approved tokens by tenant "
+        "and namespace, engine events by kind, and records over time, for the records that match the "
+        "filters.",
     )
     st.add_argument("directory", type=Path, nargs="?", default=DEFAULT_DIR, metavar="DIR")
     _filters(st)
@@ -90,6 +97,8 @@ def _filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--donor", metavar="DONOR_ID")
     p.add_argument("--decision", choices=("allow", "deny"))
     p.add_argument("--gate", choices=GATES, help="decisions where this gate did not pass")
+    p.add_argument("--decision-id", metavar="ID", help="the decision and the engine events that name it")
+    p.add_argument("--kind", choices=get_args(EngineEventKind), help="engine events of this kind")
     p.add_argument("--since", metavar="RFC3339", help="evaluated at or after")
     p.add_argument("--until", metavar="RFC3339", help="evaluated before")
 
@@ -104,6 +113,8 @@ def _filter(args: argparse.Namespace) -> Filter:
         gate=args.gate,
         since=parse_when(args.since, "--since"),
         until=parse_when(args.until, "--until"),
+        kind=args.kind,
+        decision_id=args.decision_id,
     )
 
 
@@ -147,14 +158,27 @@ def run_verify(args: argparse.Namespace) -> int:
 
 def run_show(args: argparse.Namespace) -> int:
     flt = _filter(args)
-    n = 0
+    n = events = 0
     out = sys.stdout
     if args.format == "table":
         out.write(f"{'index':>7}  {'evaluated_at':<20}  {'decision':<8}  {'tenant':<12}  {'request':<14}  "
-                  f"{'donor':<14}  {'tokens':>6}  failed gates\n")  # fmt: skip
+                  f"{'donor':<14}  {'tokens':>6}  failed gates | event\n")  # fmt: skip
     for i, rec in select(_decoded(args.directory), flt):
+        event = is_event(rec)
         if args.format == "jsonl":
             out.write(json.dumps({"index": i, **rec}, separators=(",", ":")) + "\n")
+        elif event:
+            # NOTE: an engine event: "event" in the decision column, its materialized tokens, and
+            # kind, decision id and detail in the last column.
+            at, tokens = record_time(rec), rec.get("materialized_tokens", 0)
+            req, donor = (str(rec.get(k) or "-")[:14] for k in ("request_id", "donor_id"))
+            what = str(rec.get("kind"))
+            if rec.get("decision_id") is not None:
+                what += f" decision {rec['decision_id']}"
+            if rec.get("detail"):
+                what += f" {str(rec['detail'])[:80]}"
+            out.write(f"{i:>7}  {at:<20}  {'event':<8}  {'-':<12}  {req:<14}  "
+                      f"{donor:<14}  {tokens:>6}  {what}\n")  # fmt: skip
         else:
             failed = ",".join(g["gate"] for g in rec.get("gates", []) if g.get("result") != "pass")
             at, tenant = str(rec.get("evaluated_at")), str(rec.get("tenant"))[:12]
@@ -163,17 +187,25 @@ def run_show(args: argparse.Namespace) -> int:
             out.write(f"{i:>7}  {at:<20}  {rec.get('decision'):<8}  {tenant:<12}  {req:<14}  "
                       f"{donor:<14}  {tokens:>6}  {failed}\n")  # fmt: skip
         n += 1
+        events += event
         if args.limit is not None and n >= args.limit:
             break
     if args.format == "table":
-        out.write(f"{n} decision(s)\n")
+        out.write(f"{n - events} decision(s)" + (f", {events} engine event(s)" if events else "") + "\n")
     return 0
+
+
+def _counts(c: Counter[str]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(c.items()))
 
 
 def run_stats(args: argparse.Namespace) -> int:
     st = tally((r for _, r in select(_decoded(args.directory), _filter(args))), period=args.by)
     w = sys.stdout.write
-    w(f"{st.records} decisions: " + ", ".join(f"{k} {v}" for k, v in sorted(st.decisions.items())) + "\n")
+    w(f"{st.records} records: {_counts(st.schemas)}\n")
+    w(f"{st.decisions.total()} decisions: {_counts(st.decisions)}\n")
+    w(f"{st.event_kinds.total()} engine events: {_counts(st.event_kinds)} "
+      f"({st.materialized_tokens} tokens materialized)\n")  # fmt: skip
     w("policies: " + ", ".join(f"{k} x{v}" for k, v in st.engines.most_common()) + "\n")
     w(f"\n{'gate':<20}{'fail':>8}{'error':>8}\n")
     for g in GATES:
@@ -181,10 +213,10 @@ def run_stats(args: argparse.Namespace) -> int:
     w(f"\n{'tenant':<14}{'namespace':<32}{'approved tokens':>16}\n")
     for (tenant, ns), tokens in sorted(st.approved_tokens.items()):
         w(f"{tenant[:13]:<14}{ns[:31]:<32}{tokens:>16}\n")
-    w(f"\n{args.by:<16}{'allow':>8}{'deny':>8}\n")
+    w(f"\n{args.by:<16}{'allow':>8}{'deny':>8}{'events':>8}\n")
     for period in sorted(st.by_period):
         c = st.by_period[period]
-        w(f"{period:<16}{c['allow']:>8}{c['deny']:>8}\n")
+        w(f"{period:<16}{c['allow']:>8}{c['deny']:>8}{c['event']:>8}\n")
     return 0
 
 
@@ -211,7 +243,11 @@ def run_verify_proof(args: argparse.Namespace) -> int:
     except ProofError as e:
         log.get_logger().error(f"{args.bundle}: proof does NOT verify: {e}")
         return 1
-    what = f"{rec.get('decision')}, request {rec.get('request_id')}, donor {rec.get('donor_id')}"
     where = f"record {bundle['index']} of the log at size {bundle['tree_size']}"
+    if rec.get("schema") == ENGINE_EVENT_SCHEMA:
+        what = f"{rec.get('kind')}, request {rec.get('request_id')}, decision {rec.get('decision_id')}"
+        print(f"OK: engine event {rec.get('event_id')} ({what}) is {where}")
+        return 0
+    what = f"{rec.get('decision')}, request {rec.get('request_id')}, donor {rec.get('donor_id')}"
     print(f"OK: decision {rec.get('decision_id')} ({what}) is {where}")
     return 0

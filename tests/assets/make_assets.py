@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from semgov import Evaluator, Keyring, generate_keypair, load_policy, load_signing_key  # noqa: E402
+from semgov.engine_events import engine_event, sign_engine_event  # noqa: E402
 from semgov.keys import SigningKey, public_pem  # noqa: E402
 from tests.conftest import DEFAULT_POLICY_DIR, candidate, parse, request  # noqa: E402
 
@@ -68,6 +70,35 @@ def main() -> None:
     )
     out = [d.canonical.decode() for d in ev.evaluate(parse(reqs[0]))]
     (HERE / "decisions.jsonl").write_text("\n".join(out) + "\n")
+    engine_events()
+
+
+def engine_events() -> None:
+    """``engine-events.jsonl``: a realization of the allowed decision in decisions.jsonl, and a
+    reuse_disabled event, signed with the decision signing key."""
+    key = load_signing_key(HERE / "decision-signing-key.pem")
+    allowed = next(
+        r
+        for r in map(json.loads, (HERE / "decisions.jsonl").read_text().splitlines())
+        if r["decision"] == "allow"
+    )
+    at = datetime(2026, 11, 29, 10, 0, 0, 250000, tzinfo=UTC)
+    events = [
+        engine_event(
+            "realization",
+            engine="sglang 0.5.23",
+            request_id=allowed["request_id"],
+            decision_id=allowed["decision_id"],
+            donor_id=allowed["donor_id"],
+            materialized_tokens=allowed["approved_tokens"],
+            slots=[*range(4096, 4096 + 300), *range(100, 100 + allowed["approved_tokens"] - 300)],
+            spans=allowed["approved_spans"],
+            at=at,
+        ),
+        engine_event("reuse_disabled", engine="sglang 0.5.23", detail="audit log unavailable", at=at),
+    ]
+    out = [sign_engine_event(e, key).canonical.decode() for e in events]
+    (HERE / "engine-events.jsonl").write_text("\n".join(out) + "\n")
 
 
 if __name__ == "__main__":
