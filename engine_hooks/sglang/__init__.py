@@ -1,0 +1,1 @@
+"""semgov's SGLang engine hook (see docs/sglang.md)."""

@@ -1,0 +1,81 @@
+"""The ``semgov`` radix-cache backend factory: refuse what the hook does not support, then build.
+
+SGLang calls :func:`build_governed_cache` with its ``TreeCacheBuildContext`` when the server runs
+with ``--radix-cache-backend semgov`` (registered by :mod:`engine_hooks.sglang.plugin`). It
+builds SGLang's default unified radix tree with :class:`GovernedRadixCache` as the class
+(``create_unified_radix_cache(ctx, cache_class=...)``) and attaches a :class:`Governor` built
+from the ``SEMGOV_*`` settings. Every unsupported configuration is refused here, with the
+option to drop, before the server takes traffic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine_hooks.sglang.settings import HookConfigError, HookSettings
+
+
+def unsupported(ctx: Any) -> list[str]:
+    """Why the hook cannot govern this server configuration (empty when it can)."""
+    from sglang.srt.runtime_context import get_disagg, get_memory, get_serving, get_spec
+
+    from engine_hooks.sglang.kv_copy import supported_pool
+
+    out = []
+    if ctx.disable_radix_cache:
+        out.append("--disable-radix-cache is set: there is no tree to govern (drop the flag or the backend)")
+    if ctx.is_hybrid_swa or ctx.is_hybrid_ssm or getattr(ctx, "is_dsa", False):
+        out.append("hybrid models (sliding-window, SSM/Mamba or sparse attention) are not supported")
+    if ctx.enable_hierarchical_cache:
+        out.append("--enable-hierarchical-cache is not supported (host hits are how the hook reports reuse)")
+    if getattr(get_spec(), "speculative_algorithm", None) is not None:
+        out.append("speculative decoding is not supported")
+    if int(ctx.tp_size) != 1:
+        out.append(
+            f"tensor parallelism ({ctx.tp_size} ranks) is not supported: ranks would decide separately"
+        )
+    mem = get_memory()
+    for flag, what in (
+        ("enable_lmcache", "--enable-lmcache"),
+        ("enable_unified_cache_external_linker", "an external unified-cache linker"),
+        ("enable_session_radix_cache", "--enable-session-radix-cache"),
+    ):
+        if getattr(mem, flag, False):
+            out.append(f"{what} is not supported")
+    if getattr(get_serving(), "enable_streaming_session", False):
+        out.append("--enable-streaming-session is not supported")
+    mode = getattr(get_disagg(), "disaggregation_mode", "null")
+    if str(getattr(mode, "value", mode)) not in ("null", "None"):
+        out.append(f"prefill/decode disaggregation ({mode}) is not supported")
+    allocator = ctx.params.token_to_kv_pool_allocator
+    reason = supported_pool(allocator.get_kvcache()) if allocator is not None else "no KV pool"
+    if reason is not None:
+        out.append(f"KV pool not supported: {reason}")
+    return out
+
+
+def build_governed_cache(ctx: Any, settings: HookSettings | None = None) -> Any:
+    """SGLang's ``RadixCacheFactory`` for the ``semgov`` backend."""
+    import sglang
+    from sglang.srt.mem_cache.registry import create_unified_radix_cache
+
+    from engine_hooks.sglang.cache import GovernedRadixCache
+    from engine_hooks.sglang.governor import Governor
+    from engine_hooks.sglang.kv_copy import RopeSpec
+
+    problems = unsupported(ctx)
+    if problems:
+        raise HookConfigError(
+            "--radix-cache-backend semgov cannot govern this configuration:\n  - " + "\n  - ".join(problems)
+        )
+    settings = settings if settings is not None else HookSettings.from_env()
+    hf_config = getattr(ctx.model_config, "hf_config", None)
+    rope = RopeSpec.from_hf_config(hf_config) if hf_config is not None else None
+    server_args = ctx.server_args
+    tokenizer_path = getattr(server_args, "tokenizer_path", None) or getattr(server_args, "model_path", None)
+    governor = Governor(
+        settings, engine_name=f"sglang {sglang.__version__}", tokenizer_path=str(tokenizer_path or "") or None
+    )
+    cache = create_unified_radix_cache(ctx, cache_class=GovernedRadixCache)
+    cache.attach(governor, rope=rope, strict=settings.strict)
+    return cache

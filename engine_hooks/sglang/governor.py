@@ -1,0 +1,411 @@
+"""The semgov side of the hook: contexts, donors, decisions and audit, with no SGLang import.
+
+:class:`Governor` is the thin adapter between an engine and semgov's core data path
+(``captured request -> facts -> policy input -> decision -> signed record -> audit log``):
+
+- a request's context comes from a gateway-signed token (:mod:`engine_hooks.sglang.context`);
+- a finished request becomes a donor through :meth:`Governor.submit_donor`: its PII scan and the
+  signing of its provenance run on a background thread (off the scheduler), and the finished
+  entry reaches the candidate provider when the scheduler thread next calls
+  :meth:`Governor.drain_donors`;
+- :meth:`Governor.decide` builds the ``CapturedRequest`` for one recipient and its candidates and
+  runs :class:`semgov.decide.Evaluator` (every gate, every time; any error is a signed deny);
+- every decision record and engine event is appended to the audit log, which only queues it:
+  its own writer thread makes it durable (group commit), never the scheduler.
+
+NOTE: invariants:
+- Only the scheduler thread touches the provider and the donor registry; the registration
+  thread only builds immutable :class:`DonorEntry` objects and hands them over by queue.
+- A donor is registered only from a request with a verified context that finished normally
+  and never received reused KV itself.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from engine_hooks.sglang.context import ContextError, RequestContext, parse_context_token
+from engine_hooks.sglang.provider import CandidateProvider, load_provider
+from engine_hooks.sglang.settings import HookConfigError, HookSettings, read_context_key
+from semgov._internal.log import get_logger
+from semgov.audit.store import AuditLog
+from semgov.decide import Evaluator, SignedDecision
+from semgov.engine import PolicySource
+from semgov.engine_events import SignedEvent, engine_event, sign_engine_event
+from semgov.keys import Keyring, SigningKey, load_signing_key
+from semgov.models import CAPTURED_REQUEST_SCHEMA, Candidate, CapturedRequest, Prompt
+from semgov.policy_source import load_policy_source, make_engine
+from semgov.provenance import provenance_payload, sign_provenance
+
+Clock = Callable[[], datetime]
+Detokenize = Callable[[Sequence[int]], str]
+
+
+def _import_factory(spec: str, what: str) -> Any:
+    import importlib
+
+    mod, _, attr = spec.partition(":")
+    if not mod or not attr:
+        raise HookConfigError(f"{what}={spec!r}: expected 'module.path:callable'")
+    try:
+        return getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError) as e:
+        raise HookConfigError(f"{what}={spec!r}: cannot import ({e})") from e
+
+
+class _ModelDetokenizer:
+    """The served model's tokenizer, loaded from local files on first use (the registration thread)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._tok: Any = None
+
+    def __call__(self, token_ids: Sequence[int]) -> str:
+        if self._tok is None:
+            from transformers import AutoTokenizer
+
+            self._tok = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+        return str(self._tok.decode(list(token_ids), skip_special_tokens=False))
+
+
+def load_detokenizer(spec: str, tokenizer_path: str | None) -> Detokenize | None:
+    """``auto`` (needs ``tokenizer_path``), ``none`` or ``module:callable`` (gives ``f(tokens) -> str``)."""
+    if spec == "none":
+        return None
+    if spec == "auto":
+        return _ModelDetokenizer(tokenizer_path) if tokenizer_path else None
+    made = _import_factory(spec, "SEMGOV_DETOKENIZER")()
+    if not callable(made):
+        raise HookConfigError(f"SEMGOV_DETOKENIZER={spec!r}: the factory did not return a callable")
+    return made  # type: ignore[no-any-return]
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class DonorSpec:
+    """What the engine knows about a finished request that may become a donor."""
+
+    request_id: str
+    context: RequestContext
+    cache_key: str
+    token_ids: tuple[int, ...]
+    text: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DonorEntry:
+    """A registered donor: its prompt, signed provenance and where its KV lives in the tree."""
+
+    donor_id: str
+    scope: str
+    cache_key: str
+    token_ids: tuple[int, ...]
+    prompt: Prompt
+    provenance: dict[str, Any]
+    registered_at: datetime
+
+
+def prompt_of(token_ids: Sequence[int], text: str | None, ctx: RequestContext) -> Prompt:
+    """The prompt semgov sees: the context's segments, or one ``other`` segment when it has none."""
+    n = len(token_ids)
+    segs = ctx.segments if ctx.segments is not None else (("other", 0, n),)
+    return Prompt.model_validate(
+        {
+            "token_ids": list(token_ids),
+            "text": text or None,
+            "segments": [{"role": r, "start": s, "end": e} for r, s, e in segs],
+        }
+    )
+
+
+class Governor:
+    """Decides reuse for one engine process and audits what it decides and does."""
+
+    def __init__(
+        self,
+        settings: HookSettings,
+        *,
+        engine_name: str,
+        clock: Clock = _utcnow,
+        provider: CandidateProvider | None = None,
+        tokenizer_path: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.engine_name = engine_name
+        self.clock = clock
+        self.policy: PolicySource = load_policy_source(settings.policy)
+        self.signing_key: SigningKey = load_signing_key(settings.signing_key)
+        self.keyring = Keyring.load(settings.trust)
+        if self.keyring.get(self.signing_key.key_id) is None:
+            raise HookConfigError(
+                f"SEMGOV_TRUST={settings.trust} does not hold the hook's own key {self.signing_key.key_id} "
+                f"(SEMGOV_SIGNING_KEY): donors the hook registers could never be verified"
+            )
+        self.context_key = read_context_key(settings.context_key)
+        self.evaluator = Evaluator(
+            self.policy,
+            self.keyring,
+            self.signing_key,
+            engine=make_engine(self.policy, settings.engine or "auto"),
+        )
+        self.provider: CandidateProvider = (
+            provider
+            if provider is not None
+            else load_provider(settings.provider, max_donors_per_scope=settings.max_donors_per_scope)
+        )
+        self.detokenize = load_detokenizer(settings.detokenizer, tokenizer_path)
+        if self.detokenize is None:
+            get_logger().warning(
+                "semgov hook has no donor text: donors are registered without a PII scan",
+                detokenizer=settings.detokenizer,
+            )
+        self.policy_version = f"{self.policy.name}@{self.policy.version}"
+        self.audit = AuditLog.open(settings.audit_dir, signing_key=self.signing_key, origin="semgov-hook")
+        self._donors: dict[str, DonorEntry] = {}
+        self._by_scope: dict[str, OrderedDict[str, None]] = {}
+        self._ready: queue.SimpleQueue[DonorEntry] = queue.SimpleQueue()
+        self._todo: queue.SimpleQueue[DonorSpec | None] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        self._pending = 0
+        self._pending_cv = threading.Condition()
+        if settings.async_registration:
+            self._worker = threading.Thread(target=self._register_loop, name="semgov-donors", daemon=True)
+            self._worker.start()
+        self.audit_failures = 0
+
+    # ---- contexts --------------------------------------------------------------------------
+
+    def context_of(self, extra_key: str | None) -> RequestContext | None:
+        """The verified context in ``extra_key``, or None (no semantic reuse for that request)."""
+        try:
+            return parse_context_token(self.context_key, extra_key)
+        except ContextError as e:
+            if extra_key and extra_key.startswith("semgov1."):
+                get_logger().warning("semgov context token refused", reason=str(e))
+            return None
+
+    # ---- donors ----------------------------------------------------------------------------
+
+    def submit_donor(self, spec: DonorSpec) -> None:
+        """Queue a finished request for registration (synchronous when async registration is off)."""
+        if self._worker is None:
+            self._register(spec)
+            return
+        with self._pending_cv:
+            self._pending += 1
+        self._todo.put(spec)
+
+    def _register_loop(self) -> None:
+        while True:
+            spec = self._todo.get()
+            if spec is None:
+                return
+            try:
+                self._register(spec)
+            finally:
+                with self._pending_cv:
+                    self._pending -= 1
+                    self._pending_cv.notify_all()
+
+    def _register(self, spec: DonorSpec) -> None:
+        try:
+            text = spec.text
+            if text is None and self.detokenize is not None:
+                text = self.detokenize(spec.token_ids)
+            prompt = prompt_of(spec.token_ids, text, spec.context)
+            found = self.evaluator.register_donor(prompt)
+            now = self.clock()
+            payload = provenance_payload(
+                donor_id=spec.request_id,
+                tenant=spec.context.tenant,
+                namespace=spec.context.namespace,
+                task=spec.context.task,
+                response_contract=spec.context.response_contract,
+                created_at=now,
+                expires_at=now + timedelta(seconds=self.settings.donor_ttl_s),
+                policy_version=self.policy_version,
+                token_ids=spec.token_ids,
+                pii_entities=sorted(found) if found is not None else (),
+                pii_scanned=found is not None,
+            )
+            entry = DonorEntry(
+                donor_id=spec.request_id,
+                scope=spec.context.scope(self.context_key),
+                cache_key=spec.cache_key,
+                token_ids=spec.token_ids,
+                prompt=prompt,
+                provenance=sign_provenance(payload, self.signing_key),
+                registered_at=now,
+            )
+        except Exception as e:  # noqa: BLE001 - a donor that cannot be registered is simply not a donor
+            get_logger().warning(
+                "donor registration failed", request_id=spec.request_id, error=f"{type(e).__name__}: {e}"
+            )
+            return
+        self._ready.put(entry)
+
+    def drain_donors(self) -> int:
+        """Scheduler thread: make registered donors visible to the provider. Returns how many."""
+        n = 0
+        while True:
+            try:
+                entry = self._ready.get_nowait()
+            except queue.Empty:
+                return n
+            self.drop_donor(entry.donor_id)
+            scope = self._by_scope.setdefault(entry.scope, OrderedDict())
+            # NOTE: the registry keeps what the provider keeps: the newest max_donors_per_scope.
+            while len(scope) >= self.settings.max_donors_per_scope:
+                self.drop_donor(next(iter(scope)))
+            self._donors[entry.donor_id] = entry
+            scope[entry.donor_id] = None
+            self.provider.add(entry.donor_id, entry.scope, entry.token_ids, entry.prompt.text)
+            n += 1
+
+    def wait_registrations(self, timeout: float = 30.0) -> bool:
+        """Block until queued registrations are done (tests and shutdown); False on timeout."""
+        with self._pending_cv:
+            return self._pending_cv.wait_for(lambda: self._pending == 0, timeout)
+
+    def donor(self, donor_id: str) -> DonorEntry | None:
+        return self._donors.get(donor_id)
+
+    def drop_donor(self, donor_id: str) -> None:
+        """Forget a donor (its KV is gone, or newer donors replaced it)."""
+        entry = self._donors.pop(donor_id, None)
+        if entry is not None:
+            scope = self._by_scope.get(entry.scope)
+            if scope is not None:
+                scope.pop(donor_id, None)
+                if not scope:
+                    del self._by_scope[entry.scope]
+        self.provider.remove(donor_id)
+
+    def forget_all_donors(self) -> None:
+        """The tree was flushed: no donor's KV is left."""
+        for donor_id in list(self._donors):
+            self.drop_donor(donor_id)
+
+    def donor_count(self) -> int:
+        return len(self._donors)
+
+    def candidates(
+        self, ctx: RequestContext, token_ids: Sequence[int], text: str | None
+    ) -> list[tuple[DonorEntry, float]]:
+        """Donors of the same tenant and namespace, best first (at most ``max_candidates``)."""
+        scope = ctx.scope(self.context_key)
+        out = []
+        for m in self.provider.query(scope, token_ids, text, limit=self.settings.max_candidates):
+            entry = self._donors.get(m.donor_id)
+            # NOTE: scope is checked here too: isolation never rests on the provider alone.
+            if entry is not None and entry.scope == scope:
+                out.append((entry, m.similarity))
+        return out
+
+    # ---- decisions -------------------------------------------------------------------------
+
+    def decide(
+        self,
+        request_id: str,
+        ctx: RequestContext,
+        token_ids: Sequence[int],
+        text: str | None,
+        candidates: Sequence[tuple[DonorEntry, float]],
+    ) -> list[SignedDecision]:
+        """One signed decision per candidate (all denied on any error); each is audited."""
+        now = self.clock()
+        try:
+            req = CapturedRequest.model_validate(
+                {
+                    "schema": CAPTURED_REQUEST_SCHEMA,
+                    "request_id": request_id,
+                    "received_at": now,
+                    "tenant": ctx.tenant,
+                    "namespace": ctx.namespace,
+                    "task": ctx.task,
+                    "response_contract": ctx.response_contract,
+                    "prompt": prompt_of(token_ids, text, ctx),
+                    "candidates": [
+                        Candidate.model_validate(
+                            {
+                                "donor_id": d.donor_id,
+                                "similarity": sim,
+                                "prompt": d.prompt,
+                                "provenance": d.provenance,
+                            }
+                        )
+                        for d, sim in candidates
+                    ],
+                }
+            )
+            decisions = self.evaluator.evaluate(req, now=now)
+        except Exception as e:  # noqa: BLE001 - fail closed: no decision means no reuse
+            get_logger().warning(
+                "semgov decision failed", request_id=request_id, error=f"{type(e).__name__}: {e}"
+            )
+            return []
+        for d in decisions:
+            self._append(d.canonical)
+        return decisions
+
+    # ---- audit -----------------------------------------------------------------------------
+
+    def event(
+        self,
+        kind: str,
+        *,
+        request_id: str | None = None,
+        decision_id: str | None = None,
+        donor_id: str | None = None,
+        materialized_tokens: int = 0,
+        slots: Sequence[int] = (),
+        spans: Sequence[dict[str, Any]] = (),
+        detail: str = "",
+    ) -> SignedEvent | None:
+        """Sign an engine event and queue it for the audit log (never raises)."""
+        try:
+            signed = sign_engine_event(
+                engine_event(
+                    kind,
+                    engine=self.engine_name,
+                    request_id=request_id,
+                    decision_id=decision_id,
+                    donor_id=donor_id,
+                    materialized_tokens=materialized_tokens,
+                    slots=list(slots),
+                    spans=list(spans),
+                    detail=detail,
+                    at=self.clock(),
+                ),
+                self.signing_key,
+            )
+        except Exception as e:  # noqa: BLE001 - auditing must not take the scheduler down
+            self.audit_failures += 1
+            get_logger().error("semgov engine event not audited", kind=kind, error=f"{type(e).__name__}: {e}")
+            return None
+        self._append(signed.canonical)
+        return signed
+
+    def _append(self, record: bytes) -> None:
+        try:
+            self.audit.append(record)  # queues only; the log's writer thread does the I/O
+        except Exception as e:  # noqa: BLE001 - loud, counted, and the engine keeps serving
+            self.audit_failures += 1
+            get_logger().error("semgov audit append failed", error=f"{type(e).__name__}: {e}")
+
+    def close(self) -> None:
+        """Stop the registration thread and close the audit log (flushes and checkpoints)."""
+        if self._worker is not None:
+            self._todo.put(None)
+            self._worker.join(timeout=30)
+            self._worker = None
+        self.audit.close()

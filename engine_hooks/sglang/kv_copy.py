@@ -1,0 +1,379 @@
+"""Copy approved KV between slots of SGLang's KV pool, re-rotating keys that move position.
+
+semgov approves spans of a recipient's prompt whose tokens equal a donor's. The hook copies the
+donor's K/V from the donor's slots of SGLang's ``MHATokenToKVPool`` into freshly allocated slots
+the recipient owns:
+
+- a ``prefix`` span sits at the same position in both prompts: K and V are copied as they are;
+- a ``shifted`` span moves by ``delta = recipient_pos - donor_pos`` positions. SGLang stores keys
+  *after* RoPE, and RoPE rotates each frequency pair ``i`` of a key by ``p * inv_freq[i]``;
+  rotations compose, so rotating a stored key by ``delta * inv_freq[i]`` gives exactly the key
+  RoPE would have produced at ``p + delta``. Values carry no position and are copied unchanged.
+
+Only plain RoPE is re-rotated (:meth:`RopeSpec.from_hf_config` answers ``None`` for anything
+else: scaled, per-layer or multimodal RoPE, or a model whose SGLang implementation is not known
+here), and only SGLang's plain ``MHATokenToKVPool`` with unquantized 16/32-bit buffers is
+written (:func:`supported_pool`). Everything is checked before the first write; a refused copy
+raises ``ValueError`` and leaves the pool untouched.
+
+Pool attributes relied on (SGLang 0.5.23, ``sglang.srt.mem_cache.memory_pool``): ``start_layer``,
+``layer_num``, ``size``, ``page_size``, ``dtype``, ``store_dtype``, ``kv_cache_layout``,
+``is_quantized_kv_cache``, ``requires_physical_write_loc``, ``k_buffer``/``v_buffer`` (one
+``[size + page_size, head_num, head_dim]`` tensor per layer, indexed by slot) and the accessors
+``get_key_buffer``/``get_value_buffer`` (by model layer id, ``start_layer`` based).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["RopeSpec", "copy_kv", "rerotate_keys", "supported_pool"]
+
+_POOL_MODULE = "sglang.srt.mem_cache.memory_pool"
+_POOL_CLASS = "MHATokenToKVPool"
+_STORE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+# Keys a plain ("default") RoPE parameter dict may carry. Anything else (mrope_section,
+# use_fope, factor, ...) changes what SGLang builds, so the config is refused.
+_PLAIN_ROPE_KEYS = frozenset(
+    {"rope_type", "type", "rope_theta", "partial_rotary_factor", "original_max_position_embeddings"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _ModelRope:
+    """How SGLang 0.5.23's implementation of one HF ``model_type`` builds its RoPE."""
+
+    neox: bool  # rotate-half (True) or GPT-J interleaved pairs (False)
+    neox_attr: bool  # the style may be overridden by ``config.rope_is_neox_style`` (models/llama.py)
+    head_dim_attr: bool  # head_dim from ``config.head_dim``; False: hidden_size // num_attention_heads
+    partial: bool  # applies ``config.partial_rotary_factor``; False: rotary_dim = head_dim only
+    rotary_dim_attr: bool  # rotary_dim is ``config.rotary_dim`` (GPT-J)
+    default_theta: float | None  # base when the config names none; None: refuse such a config
+
+
+_LLAMA = _ModelRope(True, True, True, True, False, None)
+_QWEN = _ModelRope(True, False, True, False, False, None)
+_FIXED_HEAD_DIM = _ModelRope(True, False, False, False, False, None)
+# SGLang's models/gpt_j.py: get_rope(head_dim, config.rotary_dim, base=getattr(config, "rope_theta",
+# 10000), is_neox_style=False); 10000 is also HF's fixed GPT-J base (create_sinusoidal_positions).
+_GPTJ = _ModelRope(False, False, False, False, True, 10000.0)
+
+_MODELS: dict[str, _ModelRope] = {
+    "llama": _LLAMA,
+    "mistral": _LLAMA,  # MistralForCausalLM is LlamaForCausalLM
+    "qwen2": _QWEN,
+    "qwen3": _QWEN,
+    "qwen3_moe": _QWEN,
+    "qwen2_moe": _FIXED_HEAD_DIM,
+    "mixtral": _FIXED_HEAD_DIM,
+    "gptj": _GPTJ,
+}
+
+
+def _positive_int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class RopeSpec:
+    """The plain RoPE a model applies to its keys before SGLang stores them.
+
+    ``rotary_dim`` leading dims of each ``head_dim``-wide key head are rotated (the rest pass
+    through); ``base`` is RoPE's theta; ``is_neox_style`` selects rotate-half pairs ``(i, i +
+    rotary_dim / 2)`` (Llama, Qwen, Mistral) over GPT-J's interleaved pairs ``(2i, 2i + 1)``.
+    """
+
+    rotary_dim: int
+    head_dim: int
+    base: float
+    is_neox_style: bool
+
+    def __post_init__(self) -> None:
+        if _positive_int(self.head_dim) is None:
+            raise ValueError(f"head_dim must be a positive int, got {self.head_dim!r}")
+        rd = _positive_int(self.rotary_dim)
+        if rd is None or rd % 2 or rd > self.head_dim:
+            raise ValueError(
+                f"rotary_dim must be a positive even int <= head_dim ({self.head_dim}), "
+                f"got {self.rotary_dim!r}"
+            )
+        if isinstance(self.base, bool) or not isinstance(self.base, int | float):
+            raise ValueError(f"base must be a number, got {self.base!r}")
+        if not (math.isfinite(self.base) and self.base > 0.0):
+            raise ValueError(f"base must be finite and > 0, got {self.base!r}")
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Any) -> RopeSpec | None:
+        """The RoPE SGLang builds for this (text) model config, or ``None`` when keys of that model
+        cannot be re-rotated exactly or this module does not know how SGLang builds its RoPE.
+
+        ``None`` for: a ``model_type`` outside the models whose SGLang implementation was read
+        (llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe, mixtral, gptj); RoPE parameters whose
+        type is not plain (``linear``, ``dynamic``, ``yarn``, ``llama3``, ``longrope``, mrope, ...)
+        or that carry extra keys, or that differ per layer type; a dual-chunk attention config; no
+        ``rope_theta`` anywhere (except GPT-J, whose base is fixed at 10000); a
+        ``partial_rotary_factor`` that SGLang would not apply as HF does; inconsistent sizes.
+        Reads transformers 5 (``config.rope_parameters``) and 4 (``rope_theta``/``rope_scaling``)
+        conventions.
+        """
+        model = _MODELS.get(str(getattr(hf_config, "model_type", "")))
+        if model is None:
+            return None
+        if getattr(hf_config, "dual_chunk_attention_config", None) is not None:
+            return None
+        if getattr(hf_config, "original_num_attention_heads", None) is not None:
+            return None  # models/qwen2.py then derives head_dim differently
+
+        params = getattr(hf_config, "rope_parameters", None)
+        if params is None:
+            params = getattr(hf_config, "rope_scaling", None)
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            return None
+        if any(isinstance(v, dict) for v in params.values()):
+            return None  # per-layer-type RoPE (transformers 5 nested rope_parameters)
+        if not set(params) <= _PLAIN_ROPE_KEYS:
+            return None
+        rope_type = params.get("rope_type", params.get("type"))
+        if rope_type not in (None, "default"):
+            return None
+
+        theta = params.get("rope_theta")
+        if theta is None:
+            theta = getattr(hf_config, "rope_theta", None)
+        if theta is None:
+            theta = model.default_theta
+        if isinstance(theta, bool) or not isinstance(theta, int | float):
+            return None
+
+        hidden = _positive_int(getattr(hf_config, "hidden_size", None))
+        heads = _positive_int(getattr(hf_config, "num_attention_heads", None))
+        derived = hidden // heads if hidden is not None and heads is not None else None
+        if model.head_dim_attr:
+            head_dim = _positive_int(getattr(hf_config, "head_dim", None)) or derived
+        else:
+            attr = getattr(hf_config, "head_dim", None)
+            if attr is not None and attr != derived:
+                return None  # SGLang ignores config.head_dim for this model; HF would not
+            head_dim = derived
+        if head_dim is None:
+            return None
+
+        # partial_rotary_factor: SGLang reads the config attribute only (models/llama.py);
+        # transformers 5 may also keep it in rope_parameters. Both must agree.
+        attr_factor = getattr(hf_config, "partial_rotary_factor", None)
+        param_factor = params.get("partial_rotary_factor")
+        if param_factor is not None and attr_factor is None:
+            return None
+        if param_factor is not None and param_factor != attr_factor:
+            return None
+        factor = 1.0 if attr_factor is None else attr_factor
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0.0 < factor <= 1.0:
+            return None
+        if not model.partial and factor != 1.0:
+            return None
+
+        if model.rotary_dim_attr:
+            rotary_dim = _positive_int(getattr(hf_config, "rotary_dim", None))
+            if rotary_dim is None:
+                return None
+        else:
+            rotary_dim = int(head_dim * factor)
+
+        neox = model.neox
+        if model.neox_attr:
+            style = getattr(hf_config, "rope_is_neox_style", True)
+            if not isinstance(style, bool):
+                return None
+            neox = style
+
+        try:
+            return cls(rotary_dim=rotary_dim, head_dim=head_dim, base=float(theta), is_neox_style=neox)
+        except ValueError:
+            return None
+
+
+def _inv_freq(rope: RopeSpec, device: torch.device) -> torch.Tensor:
+    """RoPE's inverse frequencies ``[rotary_dim / 2]``, computed in float32 as SGLang's
+    ``RotaryEmbedding._compute_inv_freq`` (and transformers) compute them."""
+    exponents = torch.arange(0, rope.rotary_dim, 2, dtype=torch.float32, device=device) / rope.rotary_dim
+    return 1.0 / (rope.base**exponents)
+
+
+def _rotation(delta: torch.Tensor, rope: RopeSpec, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of ``delta * inv_freq`` as float32 ``[n, 1, rotary_dim / 2]``.
+
+    The angle is formed in float64 so a large ``delta`` loses no precision before cos/sin."""
+    angle = delta.to(device=device, dtype=torch.float64)[:, None] * _inv_freq(rope, device).to(torch.float64)
+    return angle.cos().to(torch.float32)[:, None, :], angle.sin().to(torch.float32)[:, None, :]
+
+
+def _rotate(
+    keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unmoved: torch.Tensor, rope: RopeSpec
+) -> torch.Tensor:
+    """``keys`` rotated pairwise by the angles behind ``cos``/``sin``; rows in ``unmoved`` are
+    returned bit-identical."""
+    x = keys.to(torch.float32)
+    rot, rest = x[..., : rope.rotary_dim], x[..., rope.rotary_dim :]
+    if rope.is_neox_style:
+        x1, x2 = rot.chunk(2, dim=-1)
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+    o1 = x1 * cos - x2 * sin
+    o2 = x2 * cos + x1 * sin
+    if rope.is_neox_style:
+        rotated = torch.cat((o1, o2), dim=-1)
+    else:
+        rotated = torch.stack((o1, o2), dim=-1).flatten(-2)
+    out = torch.cat((rotated, rest), dim=-1).to(keys.dtype)
+    return torch.where(unmoved[:, None, None], keys, out)
+
+
+def _check_delta(delta: Any, n: int) -> torch.Tensor:
+    if not isinstance(delta, torch.Tensor) or delta.dtype != torch.int64 or delta.dim() != 1:
+        raise ValueError("delta must be a 1-D int64 tensor (or None)")
+    if delta.shape[0] != n:
+        raise ValueError(f"delta has {delta.shape[0]} entries for {n} slots")
+    return delta
+
+
+def rerotate_keys(keys: torch.Tensor, delta: torch.Tensor, rope: RopeSpec) -> torch.Tensor:
+    """Post-RoPE keys ``[n, kv_heads, head_dim]`` moved by ``delta[i]`` positions each.
+
+    Computed in float32 (angles in float64) and returned in ``keys.dtype``; dims at and beyond
+    ``rope.rotary_dim`` are untouched, and rows with ``delta == 0`` come back bit-identical.
+    """
+    if keys.dim() != 3 or keys.shape[-1] != rope.head_dim:
+        raise ValueError(f"keys must be [n, kv_heads, {rope.head_dim}], got {tuple(keys.shape)}")
+    if not keys.is_floating_point():
+        raise ValueError(f"keys must be floating point, got {keys.dtype}")
+    delta = _check_delta(delta, keys.shape[0]).to(keys.device)
+    cos, sin = _rotation(delta, rope, keys.device)
+    return _rotate(keys, cos, sin, delta == 0, rope)
+
+
+def supported_pool(pool: Any) -> str | None:
+    """``None`` if :func:`copy_kv` can write this pool, else why not (refuse the config at build time).
+
+    Supported: exactly SGLang's ``MHATokenToKVPool`` (no subclass: unified, page-interleaved,
+    hi-sparse, NPU, FP4/MXFP8, no-op pools lay out or address their slots differently), NHD
+    layout, unquantized, storing float16/bfloat16/float32 (an fp8 pool stores uint8 views), with
+    one ``[size + page_size, heads, head_dim]`` K and V tensor per layer.
+    """
+    cls = type(pool)
+    if not (cls.__module__ == _POOL_MODULE and cls.__qualname__ == _POOL_CLASS):
+        bases = {(c.__module__, c.__qualname__) for c in cls.__mro__}
+        if (_POOL_MODULE, _POOL_CLASS) in bases:
+            return f"{cls.__qualname__} is a subclass of {_POOL_CLASS} whose slot layout is not supported"
+        return f"{cls.__module__}.{cls.__qualname__} is not SGLang's {_POOL_CLASS}"
+    layout = getattr(pool, "kv_cache_layout", None)
+    if layout != "nhd":
+        return f"KV cache layout {layout!r} is not supported (only 'nhd': one row per slot)"
+    if getattr(pool, "is_quantized_kv_cache", True):
+        return "quantized KV cache is not supported"
+    if getattr(pool, "requires_physical_write_loc", True):
+        return "pools that translate logical to physical slot ids are not supported"
+    dtype, store = getattr(pool, "dtype", None), getattr(pool, "store_dtype", None)
+    if store not in _STORE_DTYPES or dtype != store:
+        return f"KV dtype {dtype} stored as {store} is not supported (float16, bfloat16 or float32 only)"
+    layers = _positive_int(getattr(pool, "layer_num", None))
+    if layers is None:
+        return "pool has no layers"
+    if not isinstance(getattr(pool, "start_layer", None), int):
+        return "pool has no integer start_layer"
+    size, page = _positive_int(getattr(pool, "size", None)), _positive_int(getattr(pool, "page_size", None))
+    if size is None or page is None:
+        return "pool has no positive size/page_size"
+    for name in ("k_buffer", "v_buffer"):
+        bufs = getattr(pool, name, None)
+        if not isinstance(bufs, list | tuple) or len(bufs) != layers:
+            return f"pool.{name} is not one tensor per layer"
+        for b in bufs:
+            if not isinstance(b, torch.Tensor) or b.dim() != 3 or b.dtype != store or len(b) != size + page:
+                return f"pool.{name} holds a buffer that is not [size + page_size, heads, dim] of {store}"
+    return None
+
+
+def _check_slots(name: str, slots: Any) -> torch.Tensor:
+    if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D int64 tensor of slot ids")
+    return slots
+
+
+def copy_kv(
+    pool: Any, src: torch.Tensor, dst: torch.Tensor, delta: torch.Tensor | None, rope: RopeSpec | None
+) -> None:
+    """Copy K/V of slots ``src`` into slots ``dst`` on every layer of an SGLang ``MHATokenToKVPool``.
+
+    ``v[dst] = v[src]``; ``k[dst] = k[src]`` when ``delta`` is ``None`` or all zero, else
+    ``k[dst] = rerotate_keys(k[src], delta, rope)`` (rows with ``delta == 0`` still copied
+    bit-identical). One gather and one ``index_copy_`` per buffer and layer.
+
+    Raises ``ValueError`` before any write when: the pool is not supported (:func:`supported_pool`);
+    ``src``/``dst``/``delta`` are not 1-D int64 or differ in length; ``src`` and ``dst`` share a
+    slot; ``dst`` repeats a slot; a slot is out of range or in SGLang's padding page (slots below
+    ``page_size``; slot 0 absorbs padded-token writes); ``delta`` is nonzero and ``rope`` is
+    ``None``; or ``rope.head_dim`` is not the pool's key head dim.
+    """
+    reason = supported_pool(pool)
+    if reason is not None:
+        raise ValueError(f"unsupported KV pool: {reason}")
+    src, dst = _check_slots("src", src), _check_slots("dst", dst)
+    n = src.shape[0]
+    if dst.shape[0] != n:
+        raise ValueError(f"src has {n} slots, dst has {dst.shape[0]}")
+    if delta is not None:
+        delta = _check_delta(delta, n)
+
+    layer_ids = range(pool.start_layer, pool.start_layer + pool.layer_num)
+    buffers = [(pool.get_key_buffer(i), pool.get_value_buffer(i)) for i in layer_ids]
+    rows, page = pool.size + pool.page_size, pool.page_size
+    for k, v in buffers:
+        for b in (k, v):
+            if b.dim() != 3 or b.shape[0] != rows or b.dtype not in _STORE_DTYPES:
+                raise ValueError(f"unsupported KV pool: a layer buffer is {b.dtype} {tuple(b.shape)}")
+    head_dim = buffers[0][0].shape[-1]
+    device = buffers[0][0].device
+    if n == 0:
+        return
+
+    src, dst = src.to(device), dst.to(device)
+    lo = int(torch.minimum(src.min(), dst.min()))
+    hi = int(torch.maximum(src.max(), dst.max()))
+    if lo < page or hi >= rows:
+        raise ValueError(
+            f"slot ids must lie in [{page}, {rows}): got [{lo}, {hi}] (slots below page_size={page} "
+            "are SGLang's padding page)"
+        )
+    if bool(torch.isin(src, dst).any()):
+        raise ValueError("src and dst share slots: a copy must not overwrite its own source")
+    if torch.unique(dst).shape[0] != n:
+        raise ValueError("dst repeats a slot")
+
+    rotation: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    if delta is not None:
+        delta = delta.to(device)
+        unmoved = delta == 0
+        if not bool(unmoved.all()):
+            if rope is None:
+                raise ValueError("nonzero delta needs a RopeSpec to re-rotate keys (rope is None)")
+            if rope.head_dim != head_dim:
+                raise ValueError(f"rope.head_dim {rope.head_dim} != the pool's key head dim {head_dim}")
+            cos, sin = _rotation(delta, rope, device)
+            rotation = (cos, sin, unmoved)
+
+    for k, v in buffers:
+        v.index_copy_(0, dst, v.index_select(0, src))
+        keys = k.index_select(0, src)
+        if rotation is not None:
+            assert rope is not None
+            keys = _rotate(keys, *rotation, rope)
+        k.index_copy_(0, dst, keys)

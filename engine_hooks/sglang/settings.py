@@ -1,0 +1,125 @@
+"""The hook's settings: read from ``SEMGOV_*`` environment variables of the SGLang server process.
+
+SGLang's command line has no room for a backend's own flags, so ``--radix-cache-backend semgov``
+is configured through the environment (docs/sglang.md lists every variable). Every problem is
+refused when the tree cache is built, naming the variable, before the server accepts traffic.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from semgov.errors import SemgovError
+
+
+class HookConfigError(SemgovError):
+    """A semgov hook setting is missing or invalid (the message names the variable)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HookSettings:
+    """Everything the governed radix cache needs besides SGLang's own objects."""
+
+    policy: Path
+    """Policy directory or file (YAML or Rego), as for ``semgov check --policy``."""
+    trust: Path
+    """Keyring JSON: the keys whose provenance signatures are trusted (must include the hook's own)."""
+    signing_key: Path
+    """Ed25519 private key (PEM): signs provenance of donors, decision records, engine events, checkpoints."""
+    context_key: Path
+    """File holding the HMAC key shared with the gateway that writes context tokens (>= 32 bytes)."""
+    audit_dir: Path
+    """Audit log directory (created if missing; one writer per directory)."""
+    engine: str | None = None
+    """Policy engine (``yaml``, ``regorus``, ``opa-inprocess``); default: the policy's own."""
+    provider: str = "minhash"
+    """Donor candidate provider: ``minhash``, ``embedding`` or ``module.path:callable``."""
+    min_unmatched_tokens: int = 256
+    """Ask for semantic candidates only when the exact-prefix match leaves at least this many tokens."""
+    max_candidates: int = 4
+    """Donor candidates decided per request (best first by similarity)."""
+    donor_ttl_s: int = 3600
+    """Provenance lifetime of a donor registered by the hook (``expires_at = created_at + ttl``)."""
+    max_donors_per_scope: int = 1024
+    """Donors kept per tenant and namespace (oldest dropped first)."""
+    detokenizer: str = "auto"
+    """Donor text for the PII scan (SGLang keeps no prompt text): ``auto`` (the served model's tokenizer,
+    local files only), ``none`` (donors are registered unscanned; the default policy then denies them)
+    or ``module.path:callable`` (a factory returning ``f(token_ids) -> str``)."""
+    strict: bool = False
+    """Raise on an invariant violation (tests); production disables reuse and keeps serving cold."""
+    async_registration: bool = True
+    """Register donors (PII scan, provenance signing) on a background thread, off the scheduler."""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> HookSettings:
+        """Read the settings (raises :class:`HookConfigError` naming the variable)."""
+        e = os.environ if env is None else env
+
+        def path(name: str) -> Path:
+            v = e.get(name, "").strip()
+            if not v:
+                raise HookConfigError(
+                    f"{name} is not set: the semgov radix-cache backend needs it (docs/sglang.md)"
+                )
+            p = Path(v)
+            if not p.exists():
+                raise HookConfigError(f"{name}={v}: no such file or directory")
+            return p
+
+        def integer(name: str, default: int, lo: int, hi: int) -> int:
+            v = e.get(name, "").strip()
+            if not v:
+                return default
+            try:
+                n = int(v)
+            except ValueError:
+                raise HookConfigError(f"{name}={v!r}: not an integer") from None
+            if not lo <= n <= hi:
+                raise HookConfigError(f"{name}={n}: must be between {lo} and {hi}")
+            return n
+
+        def flag(name: str, default: bool) -> bool:
+            v = e.get(name, "").strip().lower()
+            if not v:
+                return default
+            if v in ("1", "true", "yes", "on"):
+                return True
+            if v in ("0", "false", "no", "off"):
+                return False
+            raise HookConfigError(f"{name}={v!r}: expected 1/0, true/false, yes/no or on/off")
+
+        audit = e.get("SEMGOV_AUDIT_DIR", "").strip()
+        if not audit:
+            raise HookConfigError("SEMGOV_AUDIT_DIR is not set: every decision and realization is audited")
+        return cls(
+            policy=path("SEMGOV_POLICY"),
+            trust=path("SEMGOV_TRUST"),
+            signing_key=path("SEMGOV_SIGNING_KEY"),
+            context_key=path("SEMGOV_CONTEXT_KEY"),
+            audit_dir=Path(audit),
+            engine=e.get("SEMGOV_ENGINE", "").strip() or None,
+            provider=e.get("SEMGOV_PROVIDER", "").strip() or "minhash",
+            min_unmatched_tokens=integer("SEMGOV_MIN_UNMATCHED_TOKENS", 256, 1, 1 << 24),
+            max_candidates=integer("SEMGOV_MAX_CANDIDATES", 4, 1, 64),
+            donor_ttl_s=integer("SEMGOV_DONOR_TTL_S", 3600, 1, 366 * 86400),
+            max_donors_per_scope=integer("SEMGOV_MAX_DONORS_PER_SCOPE", 1024, 1, 1 << 20),
+            detokenizer=e.get("SEMGOV_DETOKENIZER", "").strip() or "auto",
+            strict=flag("SEMGOV_STRICT", False),
+            async_registration=flag("SEMGOV_ASYNC_REGISTRATION", True),
+        )
+
+
+def read_context_key(path: Path) -> bytes:
+    """The gateway HMAC key (raises :class:`HookConfigError` naming the file)."""
+    try:
+        raw = path.read_bytes().strip()
+    except OSError as e:
+        raise HookConfigError(f"SEMGOV_CONTEXT_KEY={path}: cannot read ({e.strerror})") from e
+    if len(raw) < 32:
+        raise HookConfigError(f"SEMGOV_CONTEXT_KEY={path}: key must be at least 32 bytes, got {len(raw)}")
+    return raw

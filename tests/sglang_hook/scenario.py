@@ -1,0 +1,84 @@
+"""Token layouts for the hook's tests: a shared system prompt, an instruction, evidence, a question.
+
+The donor is ``[S][I][E][Q1]`` and the recipient ``[S][E][Q2]``: the recipient's exact match ends
+after ``S`` (the donor's ``S`` is in the tree), and ``E`` sits in the donor ``len(I)`` positions
+later, so semgov approves a *shifted* span over ``E`` that starts exactly where the exact match
+ends: the case SGLang's prefix model can realize.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+S_LEN, I_LEN, E_LEN, Q_LEN = 64, 16, 400, 20
+
+
+@dataclass(frozen=True)
+class Layout:
+    tokens: list[int]
+    segments: list[tuple[str, int, int]]
+    text: str
+
+
+def _block(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(100, 4000) for _ in range(n)]
+
+
+def _layout(parts: list[tuple[str, list[int]]]) -> Layout:
+    tokens: list[int] = []
+    segs: list[tuple[str, int, int]] = []
+    for role, toks in parts:
+        segs.append((role, len(tokens), len(tokens) + len(toks)))
+        tokens += toks
+    words = " ".join(f"w{t}" for t in tokens[:200])
+    return Layout(tokens, segs, f"Quarterly report. {words}")
+
+
+@dataclass(frozen=True)
+class Blocks:
+    system: list[int]
+    instruction: list[int]
+    evidence: list[int]
+    q1: list[int]
+    q2: list[int]
+
+    def donor(self) -> Layout:
+        return _layout(
+            [
+                ("system", self.system),
+                ("instruction", self.instruction),
+                ("evidence", self.evidence),
+                ("question", self.q1),
+            ]
+        )
+
+    def recipient(self) -> Layout:
+        return _layout([("system", self.system), ("evidence", self.evidence), ("question", self.q2)])
+
+    def other_evidence(self, seed: int) -> Layout:
+        rng = random.Random(seed)
+        return _layout([("system", self.system), ("evidence", _block(rng, E_LEN)), ("question", self.q2)])
+
+
+def blocks(seed: int = 1, *, s_len: int = S_LEN, e_len: int = E_LEN) -> Blocks:
+    rng = random.Random(seed)
+    return Blocks(
+        _block(rng, s_len), _block(rng, I_LEN), _block(rng, e_len), _block(rng, Q_LEN), _block(rng, Q_LEN)
+    )
+
+
+EMAIL_TOKEN = 4001
+"""A token the test detokenizer renders as an e-mail address (PII)."""
+
+
+def detokenizer() -> object:
+    """SEMGOV_DETOKENIZER factory for the tests: words for tokens, an e-mail for EMAIL_TOKEN."""
+
+    def detok(token_ids: object) -> str:
+        ids = list(token_ids)  # type: ignore[call-overload]
+        return "Quarterly report. " + " ".join(
+            "alice.smith@example.com" if t == EMAIL_TOKEN else f"w{t}" for t in ids
+        )
+
+    return detok

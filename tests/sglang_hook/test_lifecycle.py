@@ -1,0 +1,323 @@
+"""The governed radix cache through SGLang's own request lifecycle on CPU (allow, deny, fallbacks)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from tests.sglang_hook.scenario import E_LEN, I_LEN, S_LEN, blocks
+
+
+def _donor(h: Any, b: Any, rid: str = "donor", tenant: str = "acme", namespace: str = "ns1") -> Any:
+    lay = b.donor()
+    req = h.new_req(rid, lay.tokens, h.context(tenant, namespace, lay.segments), text=lay.text)
+    h.run(req)
+    h.finish(req)
+    return req
+
+
+def _recipient(
+    h: Any, b: Any, rid: str = "rcp", tenant: str = "acme", namespace: str = "ns1", lay: Any = None
+) -> Any:
+    lay = lay or b.recipient()
+    return h.new_req(rid, lay.tokens, h.context(tenant, namespace, lay.segments), text=lay.text)
+
+
+def _check_copied(h: Any, req: Any, start: int, n: int) -> None:
+    """The recipient's realized slots hold exactly what a cold prefill writes at those positions."""
+    row = h.row(req)
+    toks = torch.as_tensor(list(req.origin_input_ids[start : start + n]))
+    pos = torch.arange(start, start + n)
+    for layer in h.model.layers:
+        k, v = h.model.expected(toks, pos, layer)
+        got_k = h.kv.get_key_buffer(layer)[row[start : start + n]]
+        got_v = h.kv.get_value_buffer(layer)[row[start : start + n]]
+        torch.testing.assert_close(got_k, k, atol=2e-5, rtol=1e-5)
+        assert torch.equal(got_v, v)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_allow_realizes_the_shifted_evidence_into_recipient_slots(make_harness: Any, page_size: int) -> None:
+    """An allowed donor's evidence KV is copied (re-rotated) into fresh slots the recipient owns."""
+    h = make_harness(page_size=page_size)
+    b = blocks()
+    donor = _donor(h, b)
+    rcp = _recipient(h, b)
+    h.match(rcp)
+    assert rcp.prefix_len == S_LEN and rcp.host_hit_length == E_LEN
+    h.admit(rcp)
+    assert rcp.prefix_len == S_LEN + E_LEN
+    assert rcp.skip_radix_cache_insert
+    h.prefill([rcp])
+    ok, msg = h.invariant()
+    assert ok, msg
+    assert rcp.kv.cache_protected_len == S_LEN  # realized slots are request-private
+    row = h.row(rcp)
+    donor_slots = set(
+        h.tree.tree_core.collect_full_device_indices(
+            h.tree._donor_path(h.tree.gov.donor("donor"))[1], h.tree.root_node_handle(donor.extra_key)
+        ).tolist()
+    )
+    assert not donor_slots & set(row[S_LEN : S_LEN + E_LEN].tolist())  # copied, never adopted
+    _check_copied(h, rcp, S_LEN, E_LEN)
+    h.finish(rcp)
+    h.assert_clean()
+    kinds = [r.get("kind") for r in h.records() if r["schema"] == "semgov.engine_event/v1"]
+    assert kinds == ["realization"]
+    assert h.tree.gov.donor("rcp") is None  # a recipient never becomes a donor
+
+
+def test_deny_other_tenant_runs_cold(make_harness: Any) -> None:
+    """A donor of another tenant is never a candidate, and the exact tree is keyed apart too."""
+    h = make_harness()
+    b = blocks()
+    _donor(h, b, tenant="acme")
+    rcp = _recipient(h, b, tenant="globex")
+    h.match(rcp)
+    assert rcp.prefix_len == 0  # not even the shared system prompt: keys are per tenant
+    assert rcp.host_hit_length == 0
+    h.admit(rcp)
+    h.prefill([rcp])
+    h.finish(rcp)
+    h.assert_clean()
+    assert h.tree.stats["decisions"] == 0
+
+
+def test_deny_unrelated_evidence_runs_cold(make_harness: Any) -> None:
+    """A candidate whose evidence differs is denied by token verification and nothing is realized."""
+    h = make_harness(SEMGOV_PROVIDER="tests.sglang_hook.test_lifecycle:everything_provider")
+    b = blocks()
+    _donor(h, b)
+    rcp = _recipient(h, b, lay=b.other_evidence(5))
+    h.match(rcp)
+    assert h.tree.stats["decisions"] == 1 and h.tree.stats["allowed"] == 0
+    assert rcp.host_hit_length == 0
+    h.admit(rcp)
+    h.prefill([rcp])
+    h.finish(rcp)
+    h.assert_clean()
+    decisions = [r for r in h.records() if r["schema"] == "semgov.decision/v1"]
+    assert [d["decision"] for d in decisions] == ["deny"]
+
+
+class _Everything:
+    """A provider that proposes every donor of the scope with similarity 0.9 (to reach the policy)."""
+
+    name = "everything"
+
+    def __init__(self) -> None:
+        self.d: dict[str, str] = {}
+
+    def add(self, donor_id: str, scope: str, token_ids: Any, text: Any) -> None:
+        self.d[donor_id] = scope
+
+    def remove(self, donor_id: str) -> None:
+        self.d.pop(donor_id, None)
+
+    def query(self, scope: str, token_ids: Any, text: Any, *, limit: int) -> list[Any]:
+        from engine_hooks.sglang.provider import Match
+
+        return [Match(k, 0.9) for k, s in self.d.items() if s == scope][:limit]
+
+    def __len__(self) -> int:
+        return len(self.d)
+
+
+def everything_provider(**_: Any) -> _Everything:
+    return _Everything()
+
+
+def test_decisions_are_made_once_per_request_across_rounds(make_harness: Any) -> None:
+    """match_prefix on every scheduling round decides once, allocates nothing and pins one donor."""
+    h = make_harness()
+    b = blocks()
+    _donor(h, b)
+    rcp = _recipient(h, b)
+    free = h.allocator.available_size()
+    for _ in range(5):
+        h.match(rcp)
+    assert h.tree.stats["decisions"] == 1
+    assert h.allocator.available_size() == free
+    assert h.tree.pins == 1
+    h.admit(rcp)
+    assert h.tree.pins == 0  # unpinned once the copy is done
+    h.prefill([rcp])
+    h.finish(rcp)
+    h.assert_clean()
+
+
+def test_matched_but_never_admitted_then_aborted_releases_the_pin(make_harness: Any) -> None:
+    """A waiting request that is decided, pinned and aborted leaves no pin and no slot behind."""
+    h = make_harness()
+    b = blocks()
+    _donor(h, b)
+    rcp = _recipient(h, b)
+    h.match(rcp)
+    assert h.tree.pins == 1 and h.tree.protected_size() > 0
+    h.abort_waiting(rcp)
+    h.assert_clean()
+
+
+def test_realized_then_aborted_before_row_allocation_frees_the_copy(make_harness: Any) -> None:
+    """Realized slots that never reached a row are freed when the request is aborted."""
+    h = make_harness()
+    b = blocks()
+    _donor(h, b)
+    rcp = _recipient(h, b)
+    h.match(rcp)
+    h.admit(rcp)
+    assert h.tree.pending_private() == E_LEN
+    h.tree.unlock(rcp.lock)
+    rcp.lock = None
+    h.abort_waiting(rcp)
+    h.assert_clean()
+
+
+def test_running_recipient_aborted_frees_its_row(make_harness: Any) -> None:
+    """A running recipient aborted mid-flight frees its realized slots with its row."""
+    h = make_harness()
+    b = blocks()
+    _donor(h, b)
+    rcp = _recipient(h, b)
+    h.run(rcp)
+    h.finish(rcp, abort=True)
+    h.assert_clean()
+
+
+def test_donor_evicted_before_the_recipient_arrives_means_cold(make_harness: Any) -> None:
+    """A donor whose KV was evicted is dropped from the candidates and the recipient runs cold."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    h = make_harness()
+    b = blocks()
+    _donor(h, b)
+    h.tree.evict(EvictParams(num_tokens=h.size))
+    assert h.tree.evictable_size() == 0
+    rcp = _recipient(h, b)
+    h.run(rcp)
+    assert rcp.prefix_len == 0 and not rcp.skip_radix_cache_insert
+    assert h.tree.gov.donor("donor") is None
+    h.finish(rcp)
+    h.assert_clean()
+
+
+def test_pinned_donor_survives_eviction_until_the_copy(make_harness: Any) -> None:
+    """While a decision pins the donor, eviction cannot take its KV; after the copy it can."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    h = make_harness()
+    b = blocks()
+    _donor(h, b)
+    rcp = _recipient(h, b)
+    h.match(rcp)
+    h.tree.evict(EvictParams(num_tokens=h.size))
+    assert h.tree.protected_size() >= S_LEN + I_LEN + E_LEN
+    h.admit(rcp)
+    h.prefill([rcp])
+    _check_copied(h, rcp, S_LEN, E_LEN)
+    h.finish(rcp)
+    h.tree.evict(EvictParams(num_tokens=h.size))
+    h.assert_clean()
+    assert h.allocator.available_size() == h.size
+
+
+def test_token_mismatch_at_realization_falls_back_cold(make_harness: Any) -> None:
+    """If the live donor no longer holds the decided tokens, nothing is copied and the run is cold."""
+    h = make_harness()
+    b = blocks()
+    _donor(h, b)
+    rcp = _recipient(h, b)
+    h.match(rcp)
+    st = h.tree.states["rcp"]
+    forged = list(st.donor.token_ids)
+    forged[S_LEN + I_LEN + 10] += 1
+    object.__setattr__(st.donor, "token_ids", tuple(forged))
+    h.admit(rcp)
+    assert rcp.prefix_len == S_LEN and not rcp.skip_radix_cache_insert
+    h.prefill([rcp])
+    h.finish(rcp)
+    h.assert_clean()
+    failed = [r for r in h.records() if r.get("kind") == "realization_failed"]
+    assert len(failed) == 1 and "RealizationError" in failed[0]["detail"]
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_chunked_prefill_after_realization(make_harness: Any, page_size: int) -> None:
+    """A recipient prefilled in chunks keeps the realized prefix and stays within the invariant."""
+    h = make_harness(page_size=page_size)
+    b = blocks()
+    _donor(h, b)
+    rcp = _recipient(h, b)
+    h.run(rcp, chunk=8)
+    assert rcp.prefix_len == S_LEN + E_LEN
+    while rcp.extend_end < len(rcp.full_untruncated_fill_ids):
+        h.next_chunk(rcp, 8)
+        ok, msg = h.invariant()
+        assert ok, msg
+    _check_copied(h, rcp, S_LEN, E_LEN)
+    h.finish(rcp)
+    h.assert_clean()
+
+
+def test_no_context_means_no_semantic_reuse_and_no_donor(make_harness: Any) -> None:
+    """Requests without a verified context get exact reuse among themselves only, never semantic."""
+    h = make_harness()
+    b = blocks()
+    lay = b.donor()
+    d = h.new_req("d", lay.tokens, None, text=lay.text)
+    h.run(d)
+    h.finish(d)
+    assert h.tree.gov.donor("d") is None
+    forged = h.context().replace("semgov1.", "semgov1.x", 1)
+    r = h.new_req("r", b.recipient().tokens, forged)
+    h.run(r)
+    assert r.prefix_len == 0 and h.tree.stats["decisions"] == 0
+    h.finish(r)
+    h.assert_clean()
+
+
+def test_short_unmatched_tail_asks_for_no_candidates(make_harness: Any) -> None:
+    """When the exact match leaves fewer than min_unmatched_tokens, no donor is looked up."""
+    h = make_harness(SEMGOV_MIN_UNMATCHED_TOKENS=str(E_LEN + 100))
+    b = blocks()
+    _donor(h, b)
+    rcp = _recipient(h, b)
+    h.run(rcp)
+    assert h.tree.stats["decided_requests"] == 0 and rcp.prefix_len == S_LEN
+    h.finish(rcp)
+    h.assert_clean()
+
+
+def test_namespace_isolation_in_the_exact_tree(make_harness: Any) -> None:
+    """The same tokens in another namespace share no exact-prefix node."""
+    h = make_harness()
+    b = blocks()
+    _donor(h, b, namespace="ns1")
+    r = h.new_req("r", b.donor().tokens, h.context("acme", "ns2", b.donor().segments))
+    h.match(r)
+    assert r.prefix_len == 0 and r.host_hit_length == 0
+    h.abort_waiting(r)
+    h.assert_clean()
+
+
+def test_realization_event_names_decision_tokens_and_slots(make_harness: Any) -> None:
+    """The realization's engine event carries the allowing decision id, the token count and slots."""
+    h = make_harness()
+    b = blocks()
+    _donor(h, b)
+    rcp = _recipient(h, b)
+    h.run(rcp)
+    recs = h.records()
+    decision = next(r for r in recs if r["schema"] == "semgov.decision/v1")
+    event = next(r for r in recs if r.get("kind") == "realization")
+    assert decision["decision"] == "allow"
+    assert event["decision_id"] == decision["decision_id"]
+    assert event["materialized_tokens"] == E_LEN
+    assert sum(n for _, n in event["slots"]) == E_LEN
+    assert event["spans"] == [
+        {"recipient_start": S_LEN, "donor_start": S_LEN + I_LEN, "length": E_LEN, "kind": "shifted"}
+    ]
+    h.finish(rcp)
+    h.assert_clean()
