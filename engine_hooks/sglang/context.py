@@ -141,6 +141,12 @@ def _validate(doc: Any) -> RequestContext:
                 if not isinstance(s, list) or len(s) != 3:
                     raise ContextError("context segments must be a non-empty list of [role, start, end]")
                 seg = Segment.model_validate({"role": s[0], "start": s[1], "end": s[2]})
+                expected = parsed[-1][2] if parsed else 0
+                if seg.start != expected or seg.end <= seg.start:
+                    raise ContextError(
+                        f"context segments[{len(parsed)}] starts at {seg.start}, expected {expected}: "
+                        "segments must tile the prompt in order"
+                    )
                 parsed.append((seg.role, seg.start, seg.end))
             segments = tuple(parsed)
     except ValidationError as e:

@@ -148,7 +148,14 @@ class Harness:
     """One scheduler's worth of SGLang state with the ``semgov`` backend, driven step by step."""
 
     def __init__(
-        self, runtime: Any, files: HookFiles, *, page_size: int = 1, size: int = 4096, **env: str
+        self,
+        runtime: Any,
+        files: HookFiles,
+        *,
+        page_size: int = 1,
+        size: int = 4096,
+        tree_core: str | None = None,
+        **env: str,
     ) -> None:
         import torch
         from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
@@ -189,6 +196,7 @@ class Harness:
             token_to_kv_pool_allocator=self.allocator,
             page_size=page_size,
             disable=False,
+            tree_core_backend=tree_core,
         )
         self.ctx = TreeCacheBuildContext(
             server_args=runtime.server_args,

@@ -38,10 +38,17 @@ def _check_copied(h: Any, req: Any, start: int, n: int) -> None:
         assert torch.equal(got_v, v)
 
 
+@pytest.mark.parametrize("tree_core", ["rust", "python"])
 @pytest.mark.parametrize("page_size", [1, 4])
-def test_allow_realizes_the_shifted_evidence_into_recipient_slots(make_harness: Any, page_size: int) -> None:
+def test_allow_realizes_the_shifted_evidence_into_recipient_slots(
+    make_harness: Any, page_size: int, tree_core: str
+) -> None:
     """An allowed donor's evidence KV is copied (re-rotated) into fresh slots the recipient owns."""
-    h = make_harness(page_size=page_size)
+    h = make_harness(page_size=page_size, tree_core=tree_core)
+    assert (
+        type(h.tree.tree_core).__name__
+        == {"rust": "RustUnifiedTreeCore", "python": "UnifiedTreeCore"}[tree_core]
+    )
     b = blocks()
     donor = _donor(h, b)
     rcp = _recipient(h, b)
@@ -319,5 +326,60 @@ def test_realization_event_names_decision_tokens_and_slots(make_harness: Any) ->
     assert event["spans"] == [
         {"recipient_start": S_LEN, "donor_start": S_LEN + I_LEN, "length": E_LEN, "kind": "shifted"}
     ]
+    h.finish(rcp)
+    h.assert_clean()
+
+
+def test_donor_with_pii_is_denied_and_the_recipient_runs_cold(make_harness: Any) -> None:
+    """A donor whose text holds an e-mail address is registered with that finding and denied (PII gate)."""
+    from tests.sglang_hook.scenario import EMAIL_TOKEN, Blocks
+
+    h = make_harness()
+    b0 = blocks()
+    ev = list(b0.evidence)
+    ev[100] = EMAIL_TOKEN
+    b = Blocks(b0.system, b0.instruction, ev, b0.q1, b0.q2)
+    _donor(h, b)
+    assert h.tree.gov.drain_donors() == 1
+    entry = h.tree.gov.donor("donor")
+    assert entry.provenance["payload"]["pii"] == {"scanned": True, "entities": ["EMAIL_ADDRESS"]}
+    rcp = _recipient(h, b)
+    h.run(rcp)
+    assert rcp.prefix_len == S_LEN and not rcp.skip_radix_cache_insert
+    (decision,) = [r for r in h.records() if r["schema"] == "semgov.decision/v1"]
+    gates = {g["gate"]: g["result"] for g in decision["gates"]}
+    assert decision["decision"] == "deny" and gates["pii"] == "fail"
+    h.finish(rcp)
+    h.assert_clean()
+
+
+def test_async_registration_makes_donors_visible_on_a_later_round(make_harness: Any) -> None:
+    """With background registration a donor appears to the provider once registered, never half-built."""
+    h = make_harness(SEMGOV_ASYNC_REGISTRATION="1")
+    b = blocks()
+    _donor(h, b)
+    assert h.tree.gov.wait_registrations(30)
+    rcp = _recipient(h, b)
+    h.run(rcp)  # match_prefix drains the registered donor first
+    assert rcp.prefix_len == S_LEN + E_LEN
+    h.finish(rcp)
+    h.assert_clean()
+
+
+def test_reset_forgets_plans_pins_and_donors(make_harness: Any) -> None:
+    """Flushing the tree (SGLang's reset) drops every plan, pin and donor: their KV is gone."""
+    h = make_harness()
+    b = blocks()
+    _donor(h, b)
+    rcp = _recipient(h, b)
+    h.match(rcp)
+    assert h.tree.pins == 1
+    # A paused engine flushes with requests still waiting: what flush_cache does, in its order.
+    h.tree.reset()
+    h.req_pool.clear()
+    h.allocator.clear()
+    assert h.tree.pins == 0 and not h.tree.states and h.tree.gov.donor_count() == 0
+    h.run(rcp)  # the waiting request matches again: nothing cached, nothing to reuse
+    assert rcp.prefix_len == 0 and not rcp.skip_radix_cache_insert
     h.finish(rcp)
     h.assert_clean()
