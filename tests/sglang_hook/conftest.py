@@ -51,6 +51,10 @@ CONTRACT = {"id": "answer-json", "schema_sha256": "a" * 64}
 @pytest.fixture(scope="session")
 def sglang_runtime() -> Any:
     """SGLang's process-wide config published once, for a tiny local Llama config (no weights)."""
+    return publish_runtime()
+
+
+def publish_runtime() -> Any:
     from sglang.srt import runtime_context as rc
     from sglang.srt.server_args import ServerArgs
 
@@ -94,6 +98,10 @@ class HookFiles:
 
 @pytest.fixture
 def hook_files(tmp_path: Path) -> HookFiles:
+    return make_hook_files(tmp_path)
+
+
+def make_hook_files(tmp_path: Path) -> HookFiles:
     from semgov.keys import generate_keypair, key_id_for, load_public_key
 
     priv, pub = generate_keypair(tmp_path / "keys")
