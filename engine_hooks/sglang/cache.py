@@ -144,9 +144,17 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
 
     gov: Governor | None = None
 
-    def attach(self, governor: Governor, *, rope: RopeSpec | None, strict: bool) -> None:
-        """Turn governance on (called once by the backend factory, after SGLang built the tree)."""
+    def attach(
+        self, governor: Governor, *, rope: RopeSpec | None, strict: bool, copy_stream: Any = None
+    ) -> None:
+        """Turn governance on (called once by the backend factory, after SGLang built the tree).
+
+        ``copy_stream``: the CUDA stream the model's forward passes run on. Realization copies are
+        enqueued on it, so they run after every forward already enqueued (which may still write
+        slots just freed and reallocated) and before the forward that reads them.
+        """
         self.gov = governor
+        self.copy_stream = copy_stream
         self.rope = rope
         self.strict = strict
         self.states: dict[str, _State] = {}
@@ -395,7 +403,13 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
                 ]
             )
             slots = self._alloc(k)
-            copy_kv(self.kv_pool, src, slots, shift if bool(shift.any()) else None, self.rope)
+            delta = shift if bool(shift.any()) else None
+            if self.copy_stream is not None:
+                # NOTE: untested on a GPU here (no device in CI); see docs/sglang.md.
+                with torch.cuda.stream(self.copy_stream):
+                    copy_kv(self.kv_pool, src, slots, delta, self.rope)
+            else:
+                copy_kv(self.kv_pool, src, slots, delta, self.rope)
         except Exception as e:  # noqa: BLE001 - any doubt: run cold
             if slots is not None:
                 self.token_to_kv_pool_allocator.free(slots)

@@ -76,8 +76,13 @@ class RequestContext:
     suffix: str
 
     def scope(self, key: bytes) -> str:
-        """Isolation scope of semantic candidates: tenant and namespace, keyed."""
-        msg = b"scope\0" + self.tenant.encode() + b"\0" + self.namespace.encode()
+        """Isolation scope of semantic candidates: tenant, namespace and suffix (the LoRA id), keyed.
+
+        KV computed under one adapter is never a candidate for a request served by another.
+        """
+        msg = (
+            b"scope\0" + self.tenant.encode() + b"\0" + self.namespace.encode() + b"\0" + self.suffix.encode()
+        )
         return KEY_PREFIX + _mac(key, msg).hex()[:32]
 
     def cache_key(self, key: bytes) -> str:
@@ -136,7 +141,7 @@ def _validate(doc: Any) -> RequestContext:
         if segs_raw is not None:
             if not isinstance(segs_raw, list) or not segs_raw:
                 raise ContextError("context segments must be a non-empty list of [role, start, end]")
-            parsed = []
+            parsed: list[tuple[str, int, int]] = []
             for s in segs_raw:
                 if not isinstance(s, list) or len(s) != 3:
                     raise ContextError("context segments must be a non-empty list of [role, start, end]")

@@ -67,11 +67,11 @@ def test_malformed_tokens_are_refused(bad: str | None) -> None:
 
 
 def test_lora_suffix_is_kept_apart_from_the_token() -> None:
-    """SGLang appends the LoRA id to extra_key: it becomes the suffix and changes the tree key only."""
+    """SGLang appends the LoRA id to extra_key: it becomes the suffix, separating tree keys and scopes."""
     plain = parse_context_token(KEY, _token())
     lora = parse_context_token(KEY, _token() + "my-lora")
     assert lora.suffix == "my-lora"
-    assert lora.scope(KEY) == plain.scope(KEY)
+    assert lora.scope(KEY) != plain.scope(KEY)  # another adapter's KV is never a candidate
     assert lora.cache_key(KEY) != plain.cache_key(KEY)
 
 
