@@ -382,6 +382,9 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         try:
             if k == 0 or k != req.host_hit_length:
                 raise RealizationError(f"planned {k} tokens, admission promised {req.host_hit_length}")
+            if not self.gov.decision_durable(decision_id, self.gov.settings.audit_wait_ms / 1000):
+                why = self.gov.audit_broken or "not yet"
+                raise RealizationError(f"the allow decision is not durable in the audit log ({why})")
             d_len, node = self._donor_path(st.donor)
             if node != st.donor_node or d_len < st.donor_len:
                 raise RealizationError("the donor's KV changed since the decision")

@@ -34,10 +34,11 @@ from engine_hooks.sglang.context import ContextError, RequestContext, parse_cont
 from engine_hooks.sglang.provider import CandidateProvider, load_provider
 from engine_hooks.sglang.settings import HookConfigError, HookSettings, read_context_key
 from semgov._internal.log import get_logger
-from semgov.audit.store import AuditLog
+from semgov.audit.store import AuditLog, Ticket
 from semgov.decide import Evaluator, SignedDecision
 from semgov.engine import PolicySource
 from semgov.engine_events import SignedEvent, engine_event, sign_engine_event
+from semgov.errors import SemgovError
 from semgov.keys import Keyring, SigningKey, load_signing_key
 from semgov.models import CAPTURED_REQUEST_SCHEMA, Candidate, CapturedRequest, Prompt
 from semgov.policy_source import load_policy_source, make_engine
@@ -169,7 +170,14 @@ class Governor:
                 detokenizer=settings.detokenizer,
             )
         self.policy_version = f"{self.policy.name}@{self.policy.version}"
-        self.audit = AuditLog.open(settings.audit_dir, signing_key=self.signing_key, origin="semgov-hook")
+        try:
+            self.audit = AuditLog.open(settings.audit_dir, signing_key=self.signing_key, origin="semgov-hook")
+        except (OSError, SemgovError) as e:
+            raise HookConfigError(
+                f"SEMGOV_AUDIT_DIR={settings.audit_dir}: cannot open the audit log: {e}"
+            ) from e
+        self.audit_broken: str | None = None
+        self._tickets: OrderedDict[str, Ticket] = OrderedDict()
         self._donors: dict[str, DonorEntry] = {}
         self._by_scope: dict[str, OrderedDict[str, None]] = {}
         self._ready: queue.SimpleQueue[DonorEntry] = queue.SimpleQueue()
@@ -321,7 +329,12 @@ class Governor:
         text: str | None,
         candidates: Sequence[tuple[DonorEntry, float]],
     ) -> list[SignedDecision]:
-        """One signed decision per candidate (all denied on any error); each is audited."""
+        """One signed decision per candidate (all denied on any error); each is audited.
+
+        NOTE: with a broken audit log nothing is decided: no decision, no reuse (cold).
+        """
+        if self.audit_broken is not None:
+            return []
         now = self.clock()
         try:
             req = CapturedRequest.model_validate(
@@ -354,8 +367,30 @@ class Governor:
             )
             return []
         for d in decisions:
-            self._append(d.canonical)
+            ticket = self._append(d.canonical)
+            if ticket is not None and d.decision == "allow":
+                self._tickets[str(d.record["decision_id"])] = ticket
+                while len(self._tickets) > 4096:
+                    self._tickets.popitem(last=False)
         return decisions
+
+    def decision_durable(self, decision_id: str, timeout: float) -> bool:
+        """Whether an allow decision's record is durable in the audit log (waits up to ``timeout``).
+
+        NOTE: a realization happens only after the record that allowed it is durable: a reuse
+        whose decision could be lost in a crash or a full disk is not made.
+        """
+        ticket = self._tickets.get(decision_id)
+        if ticket is None or self.audit_broken is not None:
+            return False
+        try:
+            done = ticket.done() or ticket.wait(timeout)
+        except Exception as e:  # noqa: BLE001 - the writer failed: the log is broken
+            self._broken(e)
+            return False
+        if done:
+            self._tickets.pop(decision_id, None)
+        return bool(done)
 
     # ---- audit -----------------------------------------------------------------------------
 
@@ -395,15 +430,28 @@ class Governor:
         self._append(signed.canonical)
         return signed
 
-    def _append(self, record: bytes) -> None:
+    def _append(self, record: bytes) -> Ticket | None:
         try:
-            self.audit.append(record)  # queues only; the log's writer thread does the I/O
-        except Exception as e:  # noqa: BLE001 - loud, counted, and the engine keeps serving
-            self.audit_failures += 1
-            get_logger().error("semgov audit append failed", error=f"{type(e).__name__}: {e}")
+            return self.audit.append(record)  # queues only; the log's writer thread does the I/O
+        except Exception as e:  # noqa: BLE001 - loud, counted, and the engine keeps serving cold
+            self._broken(e)
+            return None
+
+    def _broken(self, e: BaseException) -> None:
+        self.audit_failures += 1
+        if self.audit_broken is None:
+            self.audit_broken = f"{type(e).__name__}: {e}"
+            get_logger().error(
+                "semgov audit log failed: semantic reuse is off, serving cold",
+                audit_dir=str(self.settings.audit_dir),
+                error=self.audit_broken,
+            )
 
     def close(self) -> None:
-        """Stop the registration thread and close the audit log (flushes and checkpoints)."""
+        """Stop the registration thread and close the audit log (flushes and checkpoints).
+
+        Raises the audit log's error if records it accepted could not be made durable.
+        """
         if self._worker is not None:
             self._todo.put(None)
             self._worker.join(timeout=30)

@@ -418,7 +418,9 @@ class Harness:
         return [json.loads(r) for _, r in iter_records(self.files.audit_dir)]
 
     def close(self) -> None:
-        self.tree.gov.close()
+        if not getattr(self, "closed", False):
+            self.closed = True
+            self.tree.gov.close()
 
 
 @pytest.fixture
