@@ -22,6 +22,7 @@ from semgov.capture import MalformedLine
 from semgov.engine import ApprovedSpan, EngineResult, GateOutcome, PolicyEngine, PolicySource
 from semgov.facts import FactContext, PreparedPrompt, compute_facts
 from semgov.keys import Keyring, SigningKey
+from semgov.limits import LimitError, Limits, resolve
 from semgov.models import DECISION_SCHEMA, GATES, CapturedRequest, Prompt
 from semgov.policy_input import PolicyInput
 from semgov.records import sign_record
@@ -49,6 +50,11 @@ class SignedDecision:
 
 def _engine_failure(reason: str) -> EngineResult:
     return EngineResult([GateOutcome(gate=g, result="error", detail=reason) for g in GATES], [])
+
+
+def _over_limit(reason: str) -> EngineResult:
+    """A refused input: every gate ``error``, naming the limit (nothing was computed or decided)."""
+    return _engine_failure(f"input limit exceeded: {reason}")
 
 
 def checked_result(result: EngineResult, doc: PolicyInput) -> EngineResult:
@@ -100,7 +106,13 @@ def checked_result(result: EngineResult, doc: PolicyInput) -> EngineResult:
 
 
 class Evaluator:
-    """Decides every donor candidate of a captured request and signs each decision."""
+    """Decides every donor candidate of a captured request and signs each decision.
+
+    ``limits`` (default: :meth:`Limits.from_env`) bounds each request before any fact is
+    computed: more than ``max_candidates`` candidates, or a recipient prompt over
+    ``max_prompt_tokens`` / ``max_text_chars``, denies every candidate; a donor prompt over them
+    denies that candidate. The deny's gates are all ``error``, naming the limit.
+    """
 
     def __init__(
         self,
@@ -110,8 +122,10 @@ class Evaluator:
         *,
         pii_scanner: PiiScanner | None = None,
         engine: PolicyEngine | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.policy = policy
+        self.limits = resolve(limits)
         self.engine: PolicyEngine = engine if engine is not None else policy.make_engine()
         self.signing_key = signing_key
         self.ctx = FactContext(keyring, pii_scanner if pii_scanner is not None else PiiScanner())
@@ -123,7 +137,16 @@ class Evaluator:
         }
 
     def policy_inputs(self, req: CapturedRequest, now: datetime | None = None) -> list[PolicyInput]:
-        """The policy input document for each candidate (what every engine sees)."""
+        """The policy input document for each candidate (what every engine sees).
+
+        Raises :class:`LimitError` when the request or a candidate is over :attr:`limits`
+        (:meth:`evaluate` denies those instead).
+        """
+        problem = self.limits.request_problem(req) or next(
+            (p for c in req.candidates if (p := self.limits.candidate_problem(c)) is not None), None
+        )
+        if problem is not None:
+            raise LimitError(problem, source=f"request {req.request_id}")
         clock = now if now is not None else req.received_at
         recipient = PreparedPrompt.of(req.prompt)
         return [
@@ -143,6 +166,8 @@ class Evaluator:
         scanner = self.ctx.pii_scanner
         if not cfg.scan_donor_text or prompt.text is None or scanner is None:
             return None
+        if self.limits.prompt_problem(prompt, "donor prompt") is not None:
+            return None  # NOTE: a decision denies this donor without scanning it
         try:
             return scanner.scan(
                 prompt.text,
@@ -186,10 +211,40 @@ class Evaluator:
             return _engine_failure(f"policy engine {self.engine.name} failed: {type(e).__name__}: {e}")
 
     def evaluate(self, req: CapturedRequest, now: datetime | None = None) -> list[SignedDecision]:
-        """Decide and sign every candidate. ``now`` defaults to the request's ``received_at``."""
+        """Decide and sign every candidate. ``now`` defaults to the request's ``received_at``.
+
+        Limits are checked first (see the class): what is over them is denied, never computed.
+        """
         clock = now if now is not None else req.received_at
-        docs = self.policy_inputs(req, clock)
-        return [self._record(req, doc, r, clock) for doc, r in zip(docs, self.decide_all(docs), strict=True)]
+        refused = self.limits.request_problem(req)
+        if refused is not None:
+            return [self._refuse(req, c.donor_id, refused, clock) for c in req.candidates]
+        recipient = PreparedPrompt.of(req.prompt)
+        out: list[SignedDecision | None] = []
+        docs: list[PolicyInput] = []
+        for c in req.candidates:
+            problem = self.limits.candidate_problem(c)
+            if problem is not None:
+                out.append(self._refuse(req, c.donor_id, problem, clock))
+                continue
+            out.append(None)
+            docs.append(
+                compute_facts(req, recipient, c, config=self.policy.fact_config, ctx=self.ctx, now=clock)
+            )
+        results = self.decide_all(docs)
+        decided = iter([self._record(req, doc, r, clock) for doc, r in zip(docs, results, strict=True)])
+        return [d if d is not None else next(decided) for d in out]
+
+    def _refuse(self, req: CapturedRequest, donor_id: str, reason: str, now: datetime) -> SignedDecision:
+        return self._sign(
+            req.request_id,
+            req.tenant,
+            req.namespace,
+            donor_id,
+            _over_limit(reason),
+            recipient_tokens=len(req.prompt.token_ids),
+            now=now,
+        )
 
     def deny_malformed(self, bad: MalformedLine, now: datetime) -> list[SignedDecision]:
         """Signed denies for the donors a malformed request line asked about (if any are known)."""

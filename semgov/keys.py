@@ -142,6 +142,10 @@ class _KeyringFile(BaseModel):
     keys: list[_KeyEntry]
 
 
+def _raw(public_key: Ed25519PublicKey) -> bytes:
+    return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
 @dataclass(frozen=True)
 class TrustedKey:
     key_id: str
@@ -150,10 +154,21 @@ class TrustedKey:
 
 
 class Keyring:
-    """Trusted provenance keys by id. Absent or revoked keys are not trusted."""
+    """Trusted provenance keys by id, looked up byte for byte. Absent or revoked keys are not trusted.
+
+    Revocation follows the key material: a public key revoked under one id is revoked under
+    every id that names it, so relabelling a revoked key's signatures with another id of the
+    same key gains nothing.
+    """
 
     def __init__(self, keys: list[TrustedKey]) -> None:
-        self._keys = {k.key_id: k for k in keys}
+        revoked = {_raw(k.public_key) for k in keys if k.revoked}
+        self._keys = {
+            k.key_id: k
+            if k.revoked or _raw(k.public_key) not in revoked
+            else TrustedKey(k.key_id, k.public_key, True)
+            for k in keys
+        }
 
     def get(self, key_id: str) -> TrustedKey | None:
         return self._keys.get(key_id)

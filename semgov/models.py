@@ -7,12 +7,15 @@ and a test fails when the checked-in schemas drift.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Annotated, Literal
 
 from pydantic import (
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -32,6 +35,46 @@ Id = Annotated[str, StringConstraints(min_length=1, max_length=512)]
 # NOTE: token ids are unsigned 32-bit: the provenance token hash is defined over
 # little-endian uint32, so anything outside that range cannot be hashed faithfully.
 TokenId = Annotated[int, Field(ge=0, le=0xFFFFFFFF)]
+
+_RFC3339 = re.compile(
+    r"(\d{4}-\d{2}-\d{2})[Tt](\d{2}:\d{2}:\d{2})(?:\.(\d+))?([Zz]|[+-]\d{2}:\d{2})", re.ASCII
+)
+
+
+def _rfc3339(*, round_up: bool) -> Callable[[object], object]:
+    """Accept only an RFC 3339 date-time string with a zone (or an aware datetime from Python).
+
+    NOTE: the lax datetime parser alone would also take Unix times (``1764324000``, seconds or
+    milliseconds by magnitude) and times without seconds: other readers of the same signed
+    payload could disagree. Digits past the microsecond are rounded toward denying: a start
+    (``created_at``) up, an end or a clock down, so a comparison at microsecond resolution never
+    passes where the exact one would fail.
+    """
+
+    def parse(v: object) -> object:
+        if isinstance(v, datetime):
+            return v
+        m = _RFC3339.fullmatch(v) if isinstance(v, str) else None
+        if m is None:
+            raise ValueError("must be an RFC 3339 date-time string with a zone, e.g. 2026-11-29T10:00:00Z")
+        date, time, frac, zone = m.groups()
+        frac = frac or ""
+        zone = "+00:00" if zone in ("Z", "z") else zone
+        try:
+            dt = datetime.fromisoformat(f"{date}T{time}.{frac[:6].ljust(6, '0')}{zone}")
+            if round_up and frac[6:].strip("0"):
+                dt += timedelta(microseconds=1)
+        except (ValueError, OverflowError) as e:
+            raise ValueError(f"not a valid RFC 3339 date-time: {e}") from None
+        return dt
+
+    return parse
+
+
+# An instant (an end, or the decision clock): sub-microsecond digits truncated.
+Timestamp = Annotated[AwareDatetime, BeforeValidator(_rfc3339(round_up=False))]
+# The start of a validity window: sub-microsecond digits round up.
+StartTimestamp = Annotated[AwareDatetime, BeforeValidator(_rfc3339(round_up=True))]
 
 
 class _Strict(BaseModel):
@@ -96,8 +139,8 @@ class ProvenancePayload(_Strict):
     namespace: Id
     task: TaskRef
     response_contract: ResponseContract
-    created_at: AwareDatetime
-    expires_at: AwareDatetime
+    created_at: StartTimestamp
+    expires_at: Timestamp
     policy_version: Id
     token_ids_sha256: Hex64
     pii: PiiScan
@@ -135,7 +178,7 @@ class CapturedRequest(_Strict):
 
     schema_: Literal["semgov.captured_request/v1"] = Field(alias="schema")
     request_id: Id
-    received_at: AwareDatetime
+    received_at: Timestamp
     tenant: Id
     namespace: Id
     task: TaskRef

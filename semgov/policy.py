@@ -8,6 +8,7 @@ a content hash of the policy file and is recorded in every decision.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from functools import cached_property
 from pathlib import Path
@@ -28,12 +29,13 @@ from semgov._internal.yamlload import line_for, load_yaml_with_lines
 from semgov.engine import PolicyEngine
 from semgov.errors import PolicyError
 from semgov.fact_config import DEFAULT_FORBIDDEN_PII, FactConfig
+from semgov.limits import Limits, resolve
 from semgov.models import Role
 
 POLICY_FILE = "policy.yaml"
-_DURATION = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$")
+_DURATION = re.compile(r"\s*([0-9]+)\s*([smhdw]?)\s*", re.ASCII)  # fullmatch; ASCII digits only
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_SEGMENT = re.compile(r"^[A-Za-z0-9_.:@-]+$")
+_SEGMENT = re.compile(r"[A-Za-z0-9_.:@-]+")  # NOTE: fullmatch: `$` would admit a trailing newline
 
 DEFAULT_REUSABLE_ROLES: tuple[Role, ...] = ("system", "evidence")
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,128}$")]
@@ -43,21 +45,35 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+def well_formed_namespace(ns: str) -> bool:
+    """Segments of ``[A-Za-z0-9_.:@-]+`` joined by ``/``, none of them ``.`` or ``..``."""
+    return bool(ns) and all(s not in (".", "..") and _SEGMENT.fullmatch(s) for s in ns.split("/"))
+
+
 def _check_namespace_pattern(p: str) -> str:
     """Exact namespace, or ``prefix/*`` for every namespace below ``prefix/``."""
     body = p[:-2] if p.endswith("/*") else p
-    parts = body.split("/")
-    if not body or any(not s or s in (".", "..") or not _SEGMENT.match(s) for s in parts):
+    if not well_formed_namespace(body):
         raise ValueError(
             f"bad namespace pattern {p!r}: use an exact namespace like 'research/shared' "
-            "or a subtree like 'research/*' (no empty, '.', '..' or wildcard segments)"
+            "or a subtree like 'research/*' (segments of A-Z a-z 0-9 _ . : @ -; "
+            "no empty, '.', '..' or wildcard segments; '*' only as the whole last segment)"
         )
     return p
 
 
 def namespace_matches(pattern: str, namespace: str) -> bool:
+    """Whether a sharing-rule pattern covers ``namespace``; compared byte for byte, never normalised.
+
+    ``prefix/*`` covers every well-formed namespace strictly below ``prefix/``: one whose
+    segments all use the pattern alphabet and are not ``.`` or ``..`` (so ``research/../legal``
+    and ``research//x`` are not below ``research/``). Any other pattern covers itself only.
+    """
     if pattern.endswith("/*"):
-        return namespace.startswith(pattern[:-1]) and len(namespace) > len(pattern) - 1
+        prefix = pattern[:-1]
+        return (
+            namespace.startswith(prefix) and len(namespace) > len(prefix) and well_formed_namespace(namespace)
+        )
     return namespace == pattern
 
 
@@ -96,7 +112,7 @@ class ExpirySection(_Section):
     @classmethod
     def _duration(cls, v: object) -> object:
         if isinstance(v, str):
-            m = _DURATION.match(v)
+            m = _DURATION.fullmatch(v)
             if not m:
                 raise ValueError(f"bad duration {v!r}: use seconds or a number with s, m, h, d or w")
             return int(m.group(1)) * _UNIT[m.group(2)]
@@ -222,13 +238,25 @@ def policy_revision(content: bytes) -> str:
     return "sha256:" + hashlib.sha256(content).hexdigest()
 
 
-def parse_policy(content: bytes, source: str) -> Policy:
-    """Parse and validate policy YAML bytes; errors name ``source:line``."""
+def policy_too_large(size: int, limits: Limits, source: str, *, what: str = "policy file") -> PolicyError:
+    return PolicyError(
+        f"{what} is {size} bytes, over the limit ({limits.describe('max_policy_bytes')})", source=source
+    )
+
+
+def parse_policy(content: bytes, source: str, *, limits: Limits | None = None) -> Policy:
+    """Parse and validate policy YAML bytes; errors name ``source:line``.
+
+    ``limits`` (default: :meth:`Limits.from_env`) bounds the size, nesting and alias expansion.
+    """
+    lim = resolve(limits)
+    if len(content) > lim.max_policy_bytes:
+        raise policy_too_large(len(content), lim, source)
     try:
         text = content.decode("utf-8")
     except UnicodeDecodeError as e:
         raise PolicyError(f"not UTF-8 text (byte {e.start})", source=source) from e
-    data, lines = load_yaml_with_lines(text, source)
+    data, lines = load_yaml_with_lines(text, source, limits=lim)
     if not isinstance(data, dict):
         raise PolicyError(
             "a policy must be a YAML mapping with at least 'name' and 'version'", source=source, line=1
@@ -256,14 +284,24 @@ def parse_policy(content: bytes, source: str) -> Policy:
     return policy
 
 
-def load_policy(path: Path) -> Policy:
+def read_policy_bytes(file: Path, limits: Limits) -> bytes:
+    """A policy file's bytes; never reads more than ``max_policy_bytes + 1`` of them."""
+    with file.open("rb") as f:
+        content = f.read(limits.max_policy_bytes + 1)
+        if len(content) > limits.max_policy_bytes:
+            raise policy_too_large(max(len(content), os.fstat(f.fileno()).st_size), limits, str(file))
+    return content
+
+
+def load_policy(path: Path, *, limits: Limits | None = None) -> Policy:
     """Load a policy from a directory holding ``policy.yaml``, or from a YAML file."""
+    lim = resolve(limits)
     file = path / POLICY_FILE if path.is_dir() else path
     try:
-        content = file.read_bytes()
+        content = read_policy_bytes(file, lim)
     except FileNotFoundError as e:
         hint = f" (expected {POLICY_FILE} in the policy directory)" if path.is_dir() else ""
         raise PolicyError(f"policy file not found{hint}", source=str(file)) from e
     except OSError as e:
         raise PolicyError(f"cannot read policy: {e.strerror}", source=str(file)) from e
-    return parse_policy(content, str(file))
+    return parse_policy(content, str(file), limits=lim)

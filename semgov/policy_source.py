@@ -6,31 +6,37 @@ from pathlib import Path
 
 from semgov.engine import PolicyEngine, PolicySource
 from semgov.errors import PolicyError
+from semgov.limits import Limits, resolve
 from semgov.policy import POLICY_FILE, Policy, load_policy
 from semgov.rego_policy import RegoPolicy, load_rego_policy, rego_files
 
 ENGINES = ("auto", "yaml", "regorus", "opa-inprocess")
 
 
-def load_policy_source(path: Path) -> PolicySource:
-    """A YAML policy (``policy.yaml`` or a ``.yaml`` file) or a Rego policy directory (``*.rego``)."""
+def load_policy_source(path: Path, *, limits: Limits | None = None) -> PolicySource:
+    """A YAML policy (``policy.yaml`` or a ``.yaml`` file) or a Rego policy directory (``*.rego``).
+
+    ``limits`` (default: :meth:`Limits.from_env`) bounds policy size, YAML nesting and aliases,
+    and Rego nesting.
+    """
+    lim = resolve(limits)
     if path.is_file():
         if path.suffix in (".yaml", ".yml"):
-            return load_policy(path)
+            return load_policy(path, limits=lim)
         raise PolicyError(
             "a policy is a directory (policy.yaml or *.rego files) or a .yaml file", source=str(path)
         )
     if not path.is_dir():
         raise PolicyError("policy directory not found", source=str(path))
     has_yaml = (path / POLICY_FILE).exists()
-    modules, _ = rego_files(path)
+    modules, _ = rego_files(path, limits=lim)
     if has_yaml and modules:
         raise PolicyError(
             f"holds both {POLICY_FILE} and .rego modules; keep one policy per directory", source=str(path)
         )
     if modules:
-        return load_rego_policy(path)
-    return load_policy(path)  # reports the missing policy.yaml
+        return load_rego_policy(path, limits=lim)
+    return load_policy(path, limits=lim)  # reports the missing policy.yaml
 
 
 def make_engine(policy: PolicySource, engine: str = "auto") -> PolicyEngine:

@@ -32,6 +32,7 @@ from semgov._internal.pii import DEFAULT_PHONE_REGIONS
 from semgov.engine import PolicyEngine
 from semgov.errors import PolicyError
 from semgov.fact_config import DEFAULT_FORBIDDEN_PII, FactConfig
+from semgov.limits import Limits, resolve
 
 PACKAGE = "semgov.reuse"
 REQUIRED_RULES = ("metadata", "deny", "allow", "approved_spans")
@@ -149,16 +150,71 @@ class RegoPolicy:
         return RegorusEngine(self)
 
 
-def rego_files(directory: Path) -> tuple[dict[str, str], dict[str, str]]:
-    """Policy modules and test modules of a directory, by relative name."""
+# Strings ("..." with escapes, `raw`), comments, brackets and newlines: all that nesting depends on.
+_REGO_TOKEN = re.compile(r'"(?:[^"\\\n]|\\.)*"|`[^`]*`|#[^\n]*|[\[\](){}]|\n')
+
+
+def rego_nesting_error(text: str, source: str, limits: Limits) -> PolicyError | None:
+    """A PolicyError at the first bracket nested deeper than ``max_rego_depth``, if any.
+
+    NOTE: regorus parses nested ``[``/``{`` terms in time exponential in their depth (about
+    x2 a level: 12 levels take ~0.3 s, 20 levels minutes), so a tiny module could hang a load.
+    """
+    depth = 0
+    line = 1
+    for m in _REGO_TOKEN.finditer(text):
+        tok = m.group()
+        if tok == "\n":
+            line += 1
+        elif tok in ("(", "[", "{"):
+            depth += 1
+            if depth > limits.max_rego_depth:
+                return PolicyError(
+                    f"brackets nested deeper than {limits.max_rego_depth} levels "
+                    f"({limits.describe('max_rego_depth')})",
+                    source=source,
+                    line=line,
+                )
+        elif tok in (")", "]", "}"):
+            depth = max(depth - 1, 0)
+        elif tok[0] == "`":
+            line += tok.count("\n")
+    return None
+
+
+def rego_files(directory: Path, *, limits: Limits | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """Policy modules and test modules of a directory, by relative name.
+
+    ``limits`` (default: :meth:`Limits.from_env`): each module, and all of them together, at
+    most ``max_policy_bytes``; brackets nested at most ``max_rego_depth`` levels.
+    """
+    lim = resolve(limits)
     modules: dict[str, str] = {}
     tests: dict[str, str] = {}
+    total = 0
     for path in sorted(directory.rglob("*.rego")):
         rel = path.relative_to(directory).as_posix()
         try:
-            text = path.read_text(encoding="utf-8")
+            with path.open("rb") as f:
+                raw = f.read(lim.max_policy_bytes + 1)
+            total += len(raw)
+            if len(raw) > lim.max_policy_bytes:
+                raise PolicyError(
+                    f"Rego module is over {lim.max_policy_bytes} bytes ({lim.describe('max_policy_bytes')})",
+                    source=str(path),
+                )
+            if total > lim.max_policy_bytes:
+                raise PolicyError(
+                    f"the policy's Rego modules total over {lim.max_policy_bytes} bytes by this one "
+                    f"({lim.describe('max_policy_bytes')})",
+                    source=str(path),
+                )
+            text = raw.decode("utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise PolicyError(f"cannot read policy module: {e}", source=str(path)) from e
+        deep = rego_nesting_error(text, str(path), lim)
+        if deep is not None:
+            raise deep
         (tests if path.name.endswith("_test.rego") else modules)[rel] = text
     return modules, tests
 
@@ -170,11 +226,14 @@ def rego_revision(modules: dict[str, str]) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def lint(directory: Path, *, with_tests: bool = True) -> list[Diagnostic]:
-    """Every problem found in a Rego policy directory (empty when it loads)."""
+def lint(directory: Path, *, with_tests: bool = True, limits: Limits | None = None) -> list[Diagnostic]:
+    """Every problem found in a Rego policy directory (empty when it loads).
+
+    Raises :class:`PolicyError` for a module that cannot be read or is over ``limits``.
+    """
     import regorus
 
-    modules, tests = rego_files(directory)
+    modules, tests = rego_files(directory, limits=limits)
     if not modules:
         return [Diagnostic(str(directory), None, "no policy modules (*.rego, not *_test.rego) found")]
     diags: list[Diagnostic] = []
@@ -217,16 +276,17 @@ def _constant(eng: Any, rule: str, source: str) -> Any:
     return rows[0]["bindings"]["x"] if rows else None
 
 
-def load_rego_policy(directory: Path) -> RegoPolicy:
+def load_rego_policy(directory: Path, *, limits: Limits | None = None) -> RegoPolicy:
     """Load, lint and identify a Rego policy directory; raises PolicyError naming file:line."""
     import regorus
 
-    diags = lint(directory, with_tests=False)
+    lim = resolve(limits)
+    diags = lint(directory, with_tests=False, limits=lim)
     if diags:
         d = diags[0]
         more = f" [and {len(diags) - 1} more problem(s); run `semgov policy check`]" if len(diags) > 1 else ""
         raise PolicyError(d.message + more, source=d.file, line=d.line)
-    modules, tests = rego_files(directory)
+    modules, tests = rego_files(directory, limits=lim)
     eng = regorus.Engine()
     for name, text in modules.items():
         eng.add_policy(str(directory / name), text)
@@ -246,6 +306,8 @@ def load_rego_policy(directory: Path) -> RegoPolicy:
         raise PolicyError(
             f"`facts_config`: {err['msg']}", source=str(directory), field=".".join(map(str, err["loc"]))
         ) from e
+    if _defines(eng, "namespace_sharing"):
+        _check_sharing(_constant(eng, "namespace_sharing", str(directory)), str(directory))
     config = FactConfig(
         min_span_tokens=fc.min_span_tokens,
         scan_donor_text=fc.scan_donor_text,
@@ -254,6 +316,22 @@ def load_rego_policy(directory: Path) -> RegoPolicy:
         pii_entities=tuple(sorted(set(fc.pii_entities))),
     )
     return RegoPolicy(directory, modules, tests, meta.name, meta.version, rego_revision(modules), config)
+
+
+def _check_sharing(raw: Any, source: str) -> None:
+    """``namespace_sharing``, when a policy defines it, follows the YAML rules' pattern syntax."""
+    from semgov.policy import SharingRule
+
+    if not isinstance(raw, list):
+        raise PolicyError("`namespace_sharing` must be a constant list of {donor, recipients}", source=source)
+    for i, rule in enumerate(raw):
+        try:
+            SharingRule.model_validate(rule)
+        except ValidationError as e:
+            err = e.errors(include_url=False)[0]
+            where = ".".join(map(str, err["loc"]))
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            raise PolicyError(f"`namespace_sharing[{i}]`: {msg}", source=source, field=where or None) from e
 
 
 def _defines(eng: Any, rule: str) -> bool:

@@ -65,13 +65,14 @@ def _keyring(tmp_path: Path, doc: object) -> Path:
 def test_keyring_loads_and_marks_revoked(tmp_path: Path) -> None:
     """A keyring maps ids to keys and keeps the revoked flag."""
     pk = load_signing_key(generate_keypair(tmp_path)[0]).public_key
+    pk2 = load_signing_key(generate_keypair(tmp_path / "2")[0]).public_key
     kr = Keyring.load(
         _keyring(
             tmp_path,
             {
                 "keys": [
                     {"key_id": "k1", "public_key": public_pem(pk)},
-                    {"key_id": "k2", "public_key": public_pem(pk), "revoked": True},
+                    {"key_id": "k2", "public_key": public_pem(pk2), "revoked": True},
                 ]
             },
         )

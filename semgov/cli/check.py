@@ -17,6 +17,7 @@ from semgov.decide import Evaluator, SignedDecision
 from semgov.engine import PolicyEngine, PolicySource
 from semgov.errors import InputError, PolicyError
 from semgov.keys import Keyring, load_signing_key
+from semgov.limits import SETTINGS, Limits, positive_int_arg
 from semgov.models import GATES
 from semgov.policy_source import ENGINES, load_policy_source, make_engine
 from semgov.rego_policy import RegoPolicy
@@ -30,7 +31,37 @@ The decision clock is each request's received_at unless --now is given.
 --format jsonl prints the signed decision records. --out FILE also writes the
 records to FILE, whatever --format says. A malformed line is reported with its
 line number and skipped (its candidates, when known, get a signed deny); the
-rest still runs, and the exit status is 2 at the end."""
+rest still runs, and the exit status is 2 at the end.
+
+Resource limits (docs/limits.md): a line over --max-line-bytes is malformed; a
+request over --max-candidates, or whose recipient prompt is over
+--max-prompt-tokens or --max-text-chars, gets a signed deny for every candidate,
+and a donor prompt over them denies that candidate. Each flag overrides its
+SEMGOV_MAX_* environment variable; YAML and Rego nesting limits are set by
+SEMGOV_MAX_YAML_DEPTH, SEMGOV_MAX_YAML_NODES and SEMGOV_MAX_REGO_DEPTH."""
+
+
+def add_limit_flags(p: argparse.ArgumentParser, fields: tuple[str, ...] | None = None) -> None:
+    """``--max-*`` flags for the limits in ``fields`` (every limit that has a flag when None)."""
+    g = p.add_argument_group("resource limits (flag > environment variable > default)")
+    default = Limits()
+    for s in SETTINGS:
+        if s.flag is None or (fields is not None and s.field not in fields):
+            continue
+        g.add_argument(
+            s.flag,
+            dest=s.field,
+            type=positive_int_arg,
+            metavar="N",
+            help=f"{s.help} (default {getattr(default, s.field)} {s.unit}; environment {s.env})",
+        )
+
+
+def limits_from_args(args: argparse.Namespace) -> Limits:
+    """The environment's limits, overridden by the ``--max-*`` flags given."""
+    return Limits.from_env().with_overrides(
+        **{s.field: getattr(args, s.field, None) for s in SETTINGS if s.flag is not None}
+    )
 
 
 def register(sub: Any) -> None:
@@ -106,6 +137,7 @@ def register(sub: Any) -> None:
         metavar="NAME",
         help="the audit log's checkpoint origin line (default: semgov/<signing key id>)",
     )
+    add_limit_flags(p)
     p.set_defaults(func=run)
 
 
@@ -173,11 +205,12 @@ def _engine(policy: PolicySource, args: argparse.Namespace) -> PolicyEngine:
 
 def run(args: argparse.Namespace) -> int:
     logger = log.get_logger()
-    policy = load_policy_source(args.policy)
+    limits = limits_from_args(args)
+    policy = load_policy_source(args.policy, limits=limits)
     keyring = Keyring.load(args.trust)
     signer = load_signing_key(args.signing_key)
     now = parse_rfc3339(args.now, what="--now") if args.now else None
-    ev = Evaluator(policy, keyring, signer, engine=_engine(policy, args))
+    ev = Evaluator(policy, keyring, signer, engine=_engine(policy, args), limits=limits)
     tally = _Tally()
     out_file: IO[bytes] | None = None
     if args.out is not None:
@@ -203,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
             out_file.write(d.canonical + b"\n")
 
     try:
-        for item in read_captured(args.captured):
+        for item in read_captured(args.captured, limits=limits):
             tally.requests += 1
             if isinstance(item, MalformedLine):
                 tally.malformed += 1

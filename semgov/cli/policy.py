@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from semgov.cli.check import add_limit_flags, limits_from_args
 from semgov.errors import PolicyError
 from semgov.policy import POLICY_FILE, load_policy
 from semgov.policy_source import load_policy_source, make_engine
@@ -37,6 +38,7 @@ def register(sub: Any) -> None:
         "and the structure of its *_test.yaml case files. Prints file:line diagnostics; exit 1 on any.",
     )
     c.add_argument("directory", type=Path, metavar="DIR")
+    add_limit_flags(c, ("max_policy_bytes",))
     c.set_defaults(func=run_check)
     t = ps.add_parser(
         "test", help="run a policy directory's unit tests", description=TEST_HELP,
@@ -51,23 +53,25 @@ def register(sub: Any) -> None:
         help="engine for Rego tests and case files (default: the policy's own)",
     )  # fmt: skip
     t.add_argument("-v", "--verbose", action="store_true", help="list passing tests too")
+    add_limit_flags(t, ("max_policy_bytes",))
     t.set_defaults(func=run_test)
 
 
 def run_check(args: argparse.Namespace) -> int:
     d: Path = args.directory
+    limits = limits_from_args(args)
     problems: list[str] = []
-    modules, _ = rego_files(d) if d.is_dir() else ({}, {})
+    modules, _ = rego_files(d, limits=limits) if d.is_dir() else ({}, {})
     if modules:
-        problems += [str(x) for x in lint(d)]
+        problems += [str(x) for x in lint(d, limits=limits)]
     else:
         try:
-            load_policy(d)
+            load_policy(d, limits=limits)
         except PolicyError as e:
             problems.append(e.diagnostic())
     if not problems:
         try:
-            policy = load_policy_source(d)
+            policy = load_policy_source(d, limits=limits)
             engine = make_engine(policy)
             for f in case_files(d):
                 run_case_file(f, engine, run=re.compile(r"(?!)"))  # structure only, runs nothing
@@ -83,7 +87,7 @@ def run_check(args: argparse.Namespace) -> int:
 def run_test(args: argparse.Namespace) -> int:
     d: Path = args.directory
     run = re.compile(args.run) if args.run else None
-    policy = load_policy_source(d)
+    policy = load_policy_source(d, limits=limits_from_args(args))
     outcomes: list[TestOutcome] = []
     if isinstance(policy, RegoPolicy):
         rego_engine = "opa-inprocess" if args.engine == "opa-inprocess" else "regorus"

@@ -130,12 +130,21 @@ tenant_detail := "public donor from another tenant; policy does not allow public
 
 # --- namespace --------------------------------------------------------------
 
-# An exact namespace, or "prefix/*": any namespace strictly below "prefix/".
+# An exact namespace, or "prefix/*": any well-formed namespace strictly below "prefix/"
+# (segments of [A-Za-z0-9_.:@-], none "." or "..": "research/../legal" is not below
+# "research/"). Compared byte for byte, never normalised or case-folded. semgov refuses
+# patterns of any other form when it loads the policy (as for policy.yaml).
 namespace_matches(pattern, ns) if {
 	endswith(pattern, "/*")
 	prefix := trim_suffix(pattern, "*")
 	startswith(ns, prefix)
 	ns != prefix
+	well_formed_namespace(ns)
+}
+
+well_formed_namespace(ns) if {
+	regex.match(`^[A-Za-z0-9_.:@-]+(/[A-Za-z0-9_.:@-]+)*$`, ns)
+	not regex.match(`(^|/)\.\.?(/|$)`, ns)
 }
 
 namespace_matches(pattern, ns) if {

@@ -180,6 +180,12 @@ test_namespace_patterns if {
 	not reuse.namespace_matches("research/*", "researchers/a")
 	reuse.namespace_matches("research/common", "research/common")
 	not reuse.namespace_matches("research/common", "research/common/x")
+	not reuse.namespace_matches("research/*", "research/../legal")
+	not reuse.namespace_matches("research/*", "research/./x")
+	not reuse.namespace_matches("research/*", "research//x")
+	not reuse.namespace_matches("research/*", "research/x/")
+	not reuse.namespace_matches("research/*", "research/*")
+	not reuse.namespace_matches("research/*", "research/caf\u00e9")
 }
 
 # --- provenance -------------------------------------------------------------
