@@ -7,8 +7,10 @@ becomes a gate ``error`` and a signed ``deny``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -123,7 +125,13 @@ class Evaluator:
         pii_scanner: PiiScanner | None = None,
         engine: PolicyEngine | None = None,
         limits: Limits | None = None,
+        engine_timeout: float | None = None,
     ) -> None:
+        if engine_timeout is not None and not engine_timeout > 0:
+            raise ValueError(f"engine_timeout must be positive, not {engine_timeout}")
+        self.engine_timeout = engine_timeout
+        self._engine_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._engine_busy: concurrent.futures.Future[Any] | None = None
         self.policy = policy
         self.limits = resolve(limits)
         self.engine: PolicyEngine = engine if engine is not None else policy.make_engine()
@@ -180,10 +188,29 @@ class Evaluator:
             get_logger().warning("donor registration scan failed", error=f"{type(e).__name__}: {e}")
             return None
 
-    def decide(self, doc: PolicyInput) -> EngineResult:
-        """Run the engine over one document, failing closed on any engine error."""
+    def _call_engine(self, fn: Callable[[Any], Any], arg: Any) -> Any:
+        """``fn(arg)``, within ``engine_timeout`` when one is set (the engine then runs on a worker thread).
+
+        NOTE: a call that times out keeps running (a thread cannot be killed); until it returns,
+        every later call fails at once instead of queueing behind it: deny, never wait.
+        """
+        if self.engine_timeout is None:
+            return fn(arg)
+        if self._engine_busy is not None and not self._engine_busy.done():
+            raise TimeoutError("the policy engine is still busy with an earlier call that timed out")
+        if self._engine_pool is None:
+            self._engine_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="semgov-engine")
+        fut = self._engine_pool.submit(fn, arg)
+        self._engine_busy = fut
         try:
-            result: EngineResult | Exception = self.engine.evaluate(doc)
+            return fut.result(timeout=self.engine_timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"no answer within {self.engine_timeout:g} s") from None
+
+    def decide(self, doc: PolicyInput) -> EngineResult:
+        """Run the engine over one document, failing closed on any engine error or timeout."""
+        try:
+            result: EngineResult | Exception = self._call_engine(self.engine.evaluate, doc)
         except Exception as e:  # noqa: BLE001 - fail closed
             result = e
         return self._settle(result, doc)
@@ -194,7 +221,7 @@ class Evaluator:
         if many is None:
             return [self.decide(doc) for doc in docs]
         try:
-            results: list[EngineResult | Exception] = list(many(docs))
+            results: list[EngineResult | Exception] = list(self._call_engine(many, docs))
             if len(results) != len(docs):
                 raise ValueError(f"evaluate_many gave {len(results)} results for {len(docs)} documents")
         except Exception as e:  # noqa: BLE001 - fail closed

@@ -140,6 +140,10 @@ def _error(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
+class CrossTenantNotCompared(Exception):
+    """Token facts deliberately not computed for another tenant's private donor."""
+
+
 def compute_facts(
     req: CapturedRequest,
     recipient: PreparedPrompt,
@@ -190,6 +194,15 @@ def compute_facts(
         except Exception as e:  # noqa: BLE001
             errors["pii"] = _error(e)
         try:
+            # NOTE: side channel: the span search costs more or less depending on how much of the
+            # donor matches the recipient, so comparing another tenant's donor would let a caller
+            # time its way to that tenant's content. A donor whose provenance names another tenant
+            # and is not public is never compared: the tenant gate fails for it regardless, and
+            # the token gate then errors with this reason (cross-tenant reuse needs a public donor).
+            if payload is not None and payload.tenant != req.tenant and payload.visibility != "public":
+                raise CrossTenantNotCompared(
+                    "not compared: the donor's provenance names another tenant and is not public"
+                )
             lcp, spans = find_spans(
                 recipient.tokens,
                 recipient.segments,
@@ -213,6 +226,8 @@ def compute_facts(
                     for s in spans
                 ],
             )
+        except CrossTenantNotCompared as e:
+            errors["tokens"] = str(e)
         except Exception as e:  # noqa: BLE001
             errors["tokens"] = _error(e)
 

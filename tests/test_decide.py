@@ -121,3 +121,39 @@ def test_register_donor_scans_once_ahead_of_decisions(keys: Keys) -> None:
     [d] = ev.evaluate(req)
     assert scanner.scans == 1 and d.decision == "deny"
     assert ev.register_donor(parse(request([candidate(keys)])).candidates[0].prompt) is None  # no text
+
+
+def test_engine_timeout_denies_with_every_gate_error(keys: Keys, pii_scanner: PiiScanner) -> None:
+    """With engine_timeout, an engine that does not answer in time gives a signed deny naming the timeout."""
+    import threading
+
+    from semgov import load_policy
+    from tests.conftest import DEFAULT_POLICY_DIR, parse
+
+    release = threading.Event()
+    policy = load_policy(DEFAULT_POLICY_DIR)
+    real = policy.make_engine()
+
+    class Slow:
+        name = "slow"
+
+        def evaluate(self, doc: Any) -> Any:
+            release.wait(30)
+            return real.evaluate(doc)
+
+    ev = Evaluator(
+        policy, keys.keyring, keys.decision, pii_scanner=pii_scanner, engine=Slow(), engine_timeout=0.05
+    )
+    try:
+        [d] = ev.evaluate(parse(request([candidate(keys)])))
+        [again] = ev.evaluate(parse(request([candidate(keys)])))
+    finally:
+        release.set()
+    assert d.decision == "deny" and {g["result"] for g in d.record["gates"]} == {"error"}
+    assert "TimeoutError: no answer within 0.05 s" in d.record["gates"][0]["detail"]
+    assert "still busy" in again.record["gates"][0]["detail"]
+    ok = Evaluator(policy, keys.keyring, keys.decision, pii_scanner=pii_scanner, engine_timeout=5.0)
+    [fine] = ok.evaluate(parse(request([candidate(keys)])))
+    assert fine.decision == "allow"  # a timely engine through the worker thread decides as before
+    with pytest.raises(ValueError, match="engine_timeout must be positive"):
+        Evaluator(policy, keys.keyring, keys.decision, engine_timeout=0)

@@ -62,8 +62,14 @@ def test_all_gates_run_even_after_a_failure(evaluator: Evaluator, keys: Keys) ->
     rec = decide(evaluator, request([candidate(keys, tenant="globex", similarity=0.1)]))
     assert rec["decision"] == "deny"
     assert len(rec["gates"]) == len(GATES)
-    assert set(failed(rec)) == {"tenant", "similarity"}
+    # Another tenant's private donor is never token-compared (a timing side channel): that gate
+    # reports why instead of a comparison.
+    assert set(failed(rec)) == {"tenant", "similarity", "token_verification"}
+    tok = next(g for g in rec["gates"] if g["gate"] == "token_verification")
+    assert "not compared" in tok["detail"]
     assert rec["approved_spans"] == [] and rec["approved_tokens"] == 0
+    public = decide(evaluator, request([candidate(keys, tenant="globex", visibility="public", similarity=0.1)]))
+    assert set(failed(public)) == {"tenant", "similarity"}  # a public donor is compared as before
 
 
 @pytest.mark.parametrize(
@@ -99,7 +105,11 @@ def test_single_gate_mutation_denies(
     """A signed payload that breaks exactly one gate is denied by that gate alone."""
     rec = decide(evaluator, request([candidate(keys, **mutation)]))
     assert rec["decision"] == "deny"
-    assert failed(rec) == [gate_name]
+    if mutation == {"tenant": "globex"}:  # another tenant's private donor is never token-compared
+        assert failed(rec) == [gate_name, "token_verification"]
+        assert "not compared" in gate(rec, "token_verification")["detail"]
+    else:
+        assert failed(rec) == [gate_name]
     assert detail in gate(rec, gate_name)["detail"]
 
 
@@ -224,7 +234,7 @@ def test_public_donor_allowed_when_policy_says_so(keys: Keys, pii_scanner: Any) 
     rec = decide(ev, request([candidate(keys, tenant="globex", visibility="public")]))
     assert rec["decision"] == "allow", failed(rec)
     priv = decide(ev, request([candidate(keys, tenant="globex")]))
-    assert failed(priv) == ["tenant"]
+    assert failed(priv) == ["tenant", "token_verification"]  # private: not even compared
 
 
 def test_namespace_sharing_rule(keys: Keys, pii_scanner: Any) -> None:

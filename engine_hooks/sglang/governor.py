@@ -157,6 +157,7 @@ class Governor:
             self.keyring,
             self.signing_key,
             engine=make_engine(self.policy, settings.engine or "auto"),
+            engine_timeout=settings.decision_timeout_ms / 1000,
         )
         self.provider: CandidateProvider = (
             provider

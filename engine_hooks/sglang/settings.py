@@ -49,6 +49,9 @@ class HookSettings:
     """Donor text for the PII scan (SGLang keeps no prompt text): ``auto`` (the served model's tokenizer,
     local files only), ``none`` (donors are registered unscanned; the default policy then denies them)
     or ``module.path:callable`` (a factory returning ``f(token_ids) -> str``)."""
+    decision_timeout_ms: int = 100
+    """The policy engine must answer within this (on a worker thread); otherwise the decision is a
+    signed deny and the request runs cold: a stuck engine never stalls the scheduler."""
     audit_wait_ms: int = 50
     """At admission, how long a realization may wait for its allow decision to be durable in the audit
     log (usually it already is); past that the request runs cold."""
@@ -112,6 +115,7 @@ class HookSettings:
             donor_ttl_s=integer("SEMGOV_DONOR_TTL_S", 3600, 1, 366 * 86400),
             max_donors_per_scope=integer("SEMGOV_MAX_DONORS_PER_SCOPE", 1024, 1, 1 << 20),
             detokenizer=e.get("SEMGOV_DETOKENIZER", "").strip() or "auto",
+            decision_timeout_ms=integer("SEMGOV_DECISION_TIMEOUT_MS", 100, 1, 60_000),
             audit_wait_ms=integer("SEMGOV_AUDIT_WAIT_MS", 50, 0, 10_000),
             strict=flag("SEMGOV_STRICT", False),
             async_registration=flag("SEMGOV_ASYNC_REGISTRATION", True),

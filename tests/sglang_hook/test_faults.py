@@ -163,3 +163,48 @@ def test_clock_jumping_backwards_denies_and_never_crashes(make_harness: Any) -> 
     assert again.prefix_len == S_LEN + E_LEN
     h.finish(again)
     h.assert_clean()
+
+
+class _Stuck:
+    name = "stuck"
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release = threading.Event()
+
+    def evaluate(self, doc: Any) -> EngineResult:
+        self.release.wait(30)
+        raise RuntimeError("released")
+
+
+def test_stuck_policy_engine_times_out_to_deny_and_never_stalls(make_harness: Any) -> None:
+    """An engine that never answers is cut off at the timeout: signed deny, cold; later calls deny at once."""
+    import time
+
+    h = make_harness(SEMGOV_DECISION_TIMEOUT_MS="50")
+    b = blocks()
+    _donor(h, b)
+    stuck = _Stuck()
+    h.tree.gov.evaluator.engine = stuck
+    try:
+        rcp = _recipient(h, b)
+        t0 = time.perf_counter()
+        h.match(rcp)
+        first = time.perf_counter() - t0
+        second = _recipient(h, b, rid="rcp2")
+        t0 = time.perf_counter()
+        h.match(second)
+        again = time.perf_counter() - t0
+        decisions = [r for r in h.records() if r["schema"] == "semgov.decision/v1"]
+        assert [d["decision"] for d in decisions] == ["deny", "deny"]
+        details = [d["gates"][0]["detail"] for d in decisions]
+        assert "no answer within 0.05 s" in details[0], details
+        assert "still busy" in details[1], details
+        assert rcp.host_hit_length == 0 and second.host_hit_length == 0
+        assert first < 20 and again < 20  # not a speed check: the engine would block for 30 s
+    finally:
+        stuck.release.set()
+    for r in (rcp, second):
+        h.abort_waiting(r)
+    h.assert_clean()
