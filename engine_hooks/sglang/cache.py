@@ -231,7 +231,8 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         limit = min(len(key), len(req.origin_input_ids))
         if st.private is not None:
             if m == st.private_base:
-                return result._replace(device_prefix_len=m + int(st.private.numel()))
+                # NOTE: the realized run stays the request's own: protected only up to the exact match.
+                return result._replace(device_prefix_len=m + int(st.private.numel()), cache_protected_len=m)
             self._release_private(st)  # the exact match moved: the realized run no longer fits
             return result
         if not st.decided:
