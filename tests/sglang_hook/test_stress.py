@@ -15,9 +15,11 @@ must hold exactly what a cold prefill writes. At the end everything is released,
 evicted and the pool must be whole.
 
 Measured (2-core CPU machine shared with other jobs, one torch thread): 30,000 steps per run; page
-size 1 in about 22 s (550 realizations, 82 cold fallbacks, 2,797 decisions), page size 4 in about
-23 s (591 realizations, 72 fallbacks, 3,209 decisions), no invariant violation; the module takes
-55 to 95 s depending on the machine's load. The runs are deterministic (same counts every time).
+size 1 in about 21 s (534 realizations, 144k tokens, 83 cold fallbacks, 3,060 decisions), page size
+4 in about 24 s (555 realizations, 80 fallbacks, 2,883 decisions), no invariant violation; the module
+takes 45 to 95 s depending on the machine's load. The steps are seeded; counts can still move by a
+few between runs because one fallback reason depends on time (a realization waits at most
+SEMGOV_AUDIT_WAIT_MS for its decision record to be durable).
 """
 
 from __future__ import annotations
