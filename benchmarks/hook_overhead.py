@@ -74,7 +74,7 @@ def run(n: int, evidence: int) -> dict[str, list[float]]:
             )
             t5 = time.perf_counter()
             gc.enable()
-            assert loaded[0] == evidence, (loaded, r.host_hit_length)
+            assert loaded[0] == r.host_hit_length > evidence - 8, (loaded, r.host_hit_length)
             r.host_loaded_length, r.last_node = loaded
             r.prefix_len += loaded[0]
             r.extend_end = len(r.full_untruncated_fill_ids)
