@@ -34,6 +34,8 @@ def _constant(name: str) -> Any:
 
 def _depth(text: str, max_depth: int) -> None:
     """Refuse nesting deeper than ``max_depth`` before parsing (ignores brackets inside strings)."""
+    if text.count("[") + text.count("{") <= max_depth:
+        return  # fast path: cannot be deeper than the number of openers
     depth = 0
     in_str = esc = False
     for ch in text:
