@@ -595,8 +595,8 @@ def _noncanonical_b64(s: str) -> str:
 
 
 class RecordsTarget(Target):
-    """Signed decision records and engine events: ``semgov verify-decision``'s per-line check,
-    ``verify_engine_event``, and the audit verifier's per-leaf ``record_problem``.
+    """Signed decision records and engine events: ``semgov verify-decision``'s per-line check
+    (``verify_record_json``) and the audit verifier's per-leaf ``record_problem`` (both schemas).
 
     Oracle: a record is authentic iff strict JSON, schema-valid, signed by the decision key
     (checked with ``cryptography`` over the reference RFC 8785 bytes); the audit leaf check also
@@ -646,34 +646,25 @@ class RecordsTarget(Target):
 
     def run(self, data: bytes) -> Verdict:
         from semgov.audit.verify import record_problem
-        from semgov.engine_events import verify_engine_event
         from semgov.errors import InputError, SignatureError
-        from semgov.records import verify_record
+        from semgov.records import verify_record_json
 
         v = Verdict()
         pk, kid = self.ctx.public_key, self.ctx.key_id
         authentic, why, exact = self._authentic(data)
-        # 1. `semgov verify-decision`, one line: json.loads, object check, verify_record.
-        rec = call(json.loads, data, allowed=(ValueError,), label="cli/verify.py run: json.loads")
-        if isinstance(rec, ValueError):
-            v.reasons.append("verify-decision: " + norm(str(rec)))
-        elif not isinstance(rec, dict):
-            v.reasons.append("verify-decision: not a JSON object")
+        # 1. `semgov verify-decision`, one line, exactly as the CLI reads it (strict JSON, object,
+        #    verify_record). Engine events have no CLI of their own: the audit verifier's per-leaf
+        #    check below is their entry point.
+        r = call(verify_record_json, data, pk, allowed=(SignatureError, InputError, ValueError))
+        if isinstance(r, Exception):
+            v.reasons.append("decision: " + norm(str(r)))
+            if not str(r).strip():
+                v.crashes.append("verify_decision raised without a message")
         else:
-            for name, fn in (("decision", verify_record), ("event", verify_engine_event)):
-                r = call(fn, rec, pk, allowed=(SignatureError, InputError, ValueError))
-                if isinstance(r, Exception):
-                    v.reasons.append(f"{name}: " + norm(str(r)))
-                    if not str(r).strip():
-                        v.crashes.append(f"verify_{name} raised without a message")
-                else:
-                    v.accepted = True
-                    schema = rec.get("schema")
-                    right = schema == (
-                        "semgov.decision/v1" if name == "decision" else "semgov.engine_event/v1"
-                    )
-                    if not authentic or not right:
-                        v.allows.append(f"verify_{name} accepted: {why or 'wrong schema'}")
+            v.accepted = True
+            rec = json.loads(data)
+            if not authentic or rec.get("schema") != "semgov.decision/v1":
+                v.allows.append(f"verify_decision accepted: {why or 'wrong schema'}")
         # 2. The audit verifier's per-leaf check (the leaf is the exact bytes).
         problem = call(record_problem, data, pk, kid)
         if problem is None:
@@ -1870,7 +1861,7 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class BundleTarget(Target):
-    """Offline proof bundles through ``semgov audit verify-proof`` (read, ``json.loads``, ``verify_bundle``).
+    """Offline proof bundles through ``semgov audit verify-proof`` (``read_bundle``, ``verify_bundle``).
 
     Oracle: a bundle is tampered when what it proves (record bytes, index, tree size, proof
     hashes) differs from every real bundle, or its checkpoint is not authentic; a tampered bundle
@@ -1935,17 +1926,13 @@ class BundleTarget(Target):
 
     def run(self, data: bytes) -> Verdict:
         from semgov.audit.merkle import ProofError
-        from semgov.audit.verify import verify_bundle
+        from semgov.audit.verify import read_bundle, verify_bundle
 
         v = Verdict()
-        # `semgov audit verify-proof`: read_text(utf-8) and json.loads; (OSError, ValueError) -> InputError.
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            v.reasons.append("cannot read proof bundle: not UTF-8")
-            return v
+        # `semgov audit verify-proof`: the file's bytes through read_bundle (strict JSON); a
+        # ValueError there is the CLI's "cannot read proof bundle".
         bundle = call(
-            json.loads, text, allowed=(ValueError,), label="cli/audit.py run_verify_proof: json.loads"
+            read_bundle, data, allowed=(ValueError,), label="cli/audit.py run_verify_proof: read_bundle"
         )
         if isinstance(bundle, ValueError):
             v.reasons.append("cannot read proof bundle: " + norm(str(bundle)))

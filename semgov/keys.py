@@ -5,19 +5,22 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, rsa, x448, x25519
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
 )
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from semgov._internal.strictjson import StrictJSONError
+from semgov._internal.strictjson import loads as strict_loads
 from semgov.errors import InputError, KeyFileError
 
 PRIVATE_KEY_FILE = "signing-key.pem"
@@ -89,25 +92,77 @@ def _read(path: Path) -> bytes:
         raise KeyFileError(f"cannot read key file: {e.strerror}", source=str(path)) from e
 
 
+def _kind(key: object) -> str:
+    """What kind of key this is, in words (for "not an Ed25519 key" errors)."""
+    kinds: list[tuple[type, str]] = [
+        (rsa.RSAPublicKey, "an RSA"),
+        (rsa.RSAPrivateKey, "an RSA"),
+        (dsa.DSAPublicKey, "a DSA"),
+        (dsa.DSAPrivateKey, "a DSA"),
+        (ed448.Ed448PublicKey, "an Ed448"),
+        (ed448.Ed448PrivateKey, "an Ed448"),
+        (x25519.X25519PublicKey, "an X25519"),
+        (x25519.X25519PrivateKey, "an X25519"),
+        (x448.X448PublicKey, "an X448"),
+        (x448.X448PrivateKey, "an X448"),
+    ]
+    if isinstance(key, ec.EllipticCurvePublicKey | ec.EllipticCurvePrivateKey):
+        return f"an elliptic-curve ({key.curve.name})"
+    for cls, name in kinds:
+        if isinstance(key, cls):
+            return name
+    return f"a {type(key).__name__}"
+
+
 def load_signing_key(path: Path) -> SigningKey:
     """Load a PKCS#8 PEM Ed25519 private key."""
     data = _read(path)
     try:
         key = serialization.load_pem_private_key(data, password=None)
+    except UnsupportedAlgorithm as e:
+        raise KeyFileError(
+            f"not an Ed25519 private key (unsupported key algorithm: {e})", source=str(path)
+        ) from e
     except (ValueError, TypeError) as e:
         raise KeyFileError(f"not an unencrypted PKCS#8 PEM private key ({e})", source=str(path)) from e
     if not isinstance(key, Ed25519PrivateKey):
-        raise KeyFileError("not an Ed25519 private key", source=str(path))
+        raise KeyFileError(f"not an Ed25519 private key: it is {_kind(key)} key", source=str(path))
     return SigningKey.from_private(key)
 
 
-def parse_public_pem(data: bytes, *, source: str) -> Ed25519PublicKey:
+_PEM_BEGIN = re.compile(rb"-----BEGIN ([^-\r\n]*)-----")
+
+
+def parse_public_pem(data: bytes, *, source: str, field: str | None = None) -> Ed25519PublicKey:
+    """Parse one Ed25519 SubjectPublicKeyInfo PEM block (explanatory text around it is allowed).
+
+    Raises :class:`KeyFileError` naming ``source`` (and ``field``) for anything else: not ASCII, no or
+    several PEM blocks, a private key, a damaged block, or a key of another algorithm.
+    """
+
+    def bad(msg: str) -> KeyFileError:
+        return KeyFileError(msg, source=source, field=field)
+
+    if not data.isascii():
+        raise bad("not a PEM public key: holds non-ASCII characters")
+    labels = _PEM_BEGIN.findall(data)
+    if not labels:
+        raise bad("not a PEM public key: no '-----BEGIN PUBLIC KEY-----' block")
+    if len(labels) > 1:
+        raise bad(f"holds {len(labels)} PEM blocks; give exactly one Ed25519 public key")
+    if b"PRIVATE KEY" in labels[0]:
+        raise bad("holds a private key, not a public key; give the SubjectPublicKeyInfo PEM public key")
+    if labels[0] != b"PUBLIC KEY":
+        label = labels[0].decode("ascii")
+        raise bad(f"not a SubjectPublicKeyInfo PEM public key: block is {label!r}, not 'PUBLIC KEY'")
     try:
         key = serialization.load_pem_public_key(data)
+    except UnsupportedAlgorithm as e:
+        raise bad(f"not an Ed25519 public key (unsupported key algorithm: {e})") from e
     except (ValueError, TypeError) as e:
-        raise KeyFileError(f"not a SubjectPublicKeyInfo PEM public key ({e})", source=source) from e
+        raise bad(f"not a valid SubjectPublicKeyInfo PEM public key ({e})") from e
     if not isinstance(key, Ed25519PublicKey):
-        raise KeyFileError("not an Ed25519 public key", source=source)
+        raise bad(f"not an Ed25519 public key: it is {_kind(key)} key")
     return key
 
 
@@ -146,6 +201,9 @@ def _raw(public_key: Ed25519PublicKey) -> bytes:
     return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
+_JSON_LINE = re.compile(r"\(line (\d+), column \d+\)")
+
+
 @dataclass(frozen=True)
 class TrustedKey:
     key_id: str
@@ -182,9 +240,12 @@ class Keyring:
         src = str(path)
         raw = _read(path)
         try:
-            doc = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise InputError(f"keyring is not valid JSON: {e.msg}", source=src, line=e.lineno) from e
+            doc = strict_loads(raw)
+        except StrictJSONError as e:
+            why = str(e).removeprefix("not JSON: ")
+            m = _JSON_LINE.search(why)
+            line = int(m.group(1)) if m else None
+            raise InputError(f"keyring is not valid JSON: {why}", source=src, line=line) from e
         try:
             parsed = _KeyringFile.model_validate(doc)
         except ValidationError as e:
@@ -197,6 +258,6 @@ class Keyring:
             if entry.key_id in seen:
                 raise InputError(f"duplicate key_id {entry.key_id!r}", source=src, field=f"keys.{i}")
             seen.add(entry.key_id)
-            pk = parse_public_pem(entry.public_key.encode("ascii", "replace"), source=f"{src} keys.{i}")
+            pk = parse_public_pem(entry.public_key.encode("utf-8"), source=src, field=f"keys.{i}.public_key")
             keys.append(TrustedKey(entry.key_id, pk, entry.revoked))
         return cls(keys)

@@ -8,6 +8,11 @@ policy decides. Versioned as ``semgov.policy_input/v1``; its JSON Schema is
 These are slotted dataclasses rather than pydantic models: one document is built
 per candidate on the decision path, and construction must cost well under a
 microsecond per object. Pydantic still generates their schema and dumps them.
+
+When a document is validated (``semgov policy test`` case files), its types are
+exact, as the JSON Schema says: no coercion of ``"0.9"`` to a number, ``"true"``
+or ``1`` to a boolean, ``true`` or ``"5"`` to an integer, no non-finite numbers.
+The field types below say so (``Strict``); they do not change the schema.
 """
 
 from __future__ import annotations
@@ -16,33 +21,40 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import ConfigDict, Field, TypeAdapter
+from pydantic import AllowInfNan, ConfigDict, Field, Strict, TypeAdapter
 
 from semgov.models import ResponseContract, Role, TaskRef
 
 POLICY_INPUT_SCHEMA: Final = "semgov.policy_input/v1"
 _CONFIG = ConfigDict(extra="forbid")
 
+# Exact JSON types. NOTE: not ConfigDict(strict=True): in strict mode pydantic accepts only
+# dataclass instances, never mappings, for the nested documents.
+Str = Annotated[str, Strict()]
+Int = Annotated[int, Strict()]
+Bool = Annotated[bool, Strict()]
+Number = Annotated[float, Strict(), AllowInfNan(False)]  # an int is a number too, as in JSON
+
 
 @dataclass(frozen=True, slots=True)
 class RequestFacts:
     __pydantic_config__ = _CONFIG
-    request_id: str
-    tenant: str
-    namespace: str
+    request_id: Str
+    tenant: Str
+    namespace: Str
     task: TaskRef
     response_contract: ResponseContract
-    prompt_tokens: int
+    prompt_tokens: Int
 
 
 @dataclass(frozen=True, slots=True)
 class CandidateFacts:
     __pydantic_config__ = _CONFIG
-    donor_id: str
-    similarity: float
-    prompt_tokens: int
-    key_id: str
-    has_text: bool
+    donor_id: Str
+    similarity: Number
+    prompt_tokens: Int
+    key_id: Str
+    has_text: Bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +63,11 @@ class ProvenanceFacts:
 
     __pydantic_config__ = _CONFIG
     key_status: Literal["trusted", "unknown", "revoked"]
-    signature_valid: bool
-    payload_valid: bool
-    payload_error: str | None
-    donor_id_matches: bool
-    token_hash_matches: bool
+    signature_valid: Bool
+    payload_valid: Bool
+    payload_error: Str | None
+    donor_id_matches: Bool
+    token_hash_matches: Bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,15 +75,15 @@ class DonorFacts:
     """What the provenance payload claims about the donor (present when it parsed)."""
 
     __pydantic_config__ = _CONFIG
-    tenant: str
-    namespace: str
+    tenant: Str
+    namespace: Str
     task: TaskRef
     response_contract: ResponseContract
-    created_at: Annotated[str, Field(description="RFC 3339, UTC, 'Z' suffix")]
-    expires_at: Annotated[str, Field(description="RFC 3339, UTC, 'Z' suffix")]
-    created_at_us: Annotated[int, Field(description="microseconds since the Unix epoch")]
-    expires_at_us: Annotated[int, Field(description="microseconds since the Unix epoch")]
-    policy_version: str
+    created_at: Annotated[Str, Field(description="RFC 3339, UTC, 'Z' suffix")]
+    expires_at: Annotated[Str, Field(description="RFC 3339, UTC, 'Z' suffix")]
+    created_at_us: Annotated[Int, Field(description="microseconds since the Unix epoch")]
+    expires_at_us: Annotated[Int, Field(description="microseconds since the Unix epoch")]
+    policy_version: Str
     visibility: Literal["tenant", "public"]
 
 
@@ -84,10 +96,10 @@ class PiiFacts:
     """
 
     __pydantic_config__ = _CONFIG
-    provenance_scanned: bool
-    provenance_entities: list[str]
-    text_scanned: bool
-    text_entities: list[str]
+    provenance_scanned: Bool
+    provenance_entities: list[Str]
+    text_scanned: Bool
+    text_entities: list[Str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,9 +107,9 @@ class SpanFacts:
     """An exact run of identical tokens, inside one segment of each prompt."""
 
     __pydantic_config__ = _CONFIG
-    recipient_start: int
-    donor_start: int
-    length: int
+    recipient_start: Int
+    donor_start: Int
+    length: Int
     kind: Literal["prefix", "shifted"]
     recipient_role: Role
     donor_role: Role
@@ -106,9 +118,9 @@ class SpanFacts:
 @dataclass(frozen=True, slots=True)
 class TokenFacts:
     __pydantic_config__ = _CONFIG
-    recipient_length: int
-    donor_length: int
-    common_prefix: int
+    recipient_length: Int
+    donor_length: Int
+    common_prefix: Int
     spans: list[SpanFacts]
 
 
@@ -129,8 +141,8 @@ class PolicyInput:
     """The document every policy engine sees. ``schema`` is ``semgov.policy_input/v1``."""
 
     __pydantic_config__ = _CONFIG
-    now: Annotated[str, Field(description="decision clock, RFC 3339 UTC; policies read no other clock")]
-    now_us: Annotated[int, Field(description="the clock, microseconds since the Unix epoch (exact)")]
+    now: Annotated[Str, Field(description="decision clock, RFC 3339 UTC; policies read no other clock")]
+    now_us: Annotated[Int, Field(description="the clock, microseconds since the Unix epoch (exact)")]
     request: RequestFacts
     candidate: CandidateFacts
     facts: Facts

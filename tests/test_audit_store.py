@@ -542,3 +542,98 @@ def test_sigkill_at_random_moments_loses_no_acknowledged_record(tmp_path: Path) 
         f"{total_acked} acknowledged records checked; {rebuilt} reopens rebuilt from the log, "
         f"{truncated} cut a torn tail"
     )
+
+
+# ---- hostile state.json and frame headers ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "content, why",
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nested deeper than"),
+        (b'{"size": 1, "size": 4}', "duplicate key 'size'"),
+        (b'{"size": NaN}', "NaN is not JSON"),
+        (b'{"size": 4, "log_bytes": 1e400, "checkpoint_size": 4, "frontier": {}}', "non-negative integers"),
+        (b"[4]", "expected an object"),
+        (b"\xff", "not UTF-8"),
+        (b'{"log_bytes": 1}', "no 'size' member"),
+    ],
+)
+def test_hostile_state_json_is_rebuilt(tmp_path: Path, content: bytes, why: str) -> None:
+    """A deep, duplicate-key, NaN, 1e400 or non-object state.json is malformed: rebuilt, no crash."""
+    write_records(tmp_path, 4)
+    (tmp_path / "state.json").write_bytes(content)
+    with open_log(tmp_path) as log:
+        assert log.recovery.rebuilt and why in log.recovery.rebuild_reason, log.recovery
+        assert log.size == 4 and log.root() == (4, merkle.root(leaves(tmp_path)))
+        log.append(rec(4))
+    assert [i for i, _ in iter_records(tmp_path)] == list(range(5))
+    assert json.loads((tmp_path / "state.json").read_bytes())["size"] == 5
+
+
+@pytest.mark.parametrize("crashed", [False, True])
+def test_wrong_frontier_in_state_json_is_rebuilt(tmp_path: Path, crashed: bool) -> None:
+    """A well-formed state.json whose frontier is wrong is rebuilt from the log, never signed over."""
+    write_records(tmp_path, 6)
+    if crashed:  # records past the last checkpoint, as a killed writer leaves them
+        with open_log(tmp_path) as log:
+            pass
+        state = json.loads((tmp_path / "state.json").read_bytes())
+        data = b"".join(frame(i, rec(i)) for i in range(6, 9))
+        with (tmp_path / "records.log").open("ab") as f:
+            f.write(data)
+        fr = merkle.Frontier()
+        for h in leaves(tmp_path):
+            fr.append(h)
+        state.update(size=9, log_bytes=(tmp_path / "records.log").stat().st_size, frontier=fr.to_json())
+    else:
+        state = json.loads((tmp_path / "state.json").read_bytes())
+    hashes = state["frontier"]["hashes"]
+    hashes[-1] = ("1" if hashes[-1][0] == "0" else "0") + hashes[-1][1:]
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    n = 9 if crashed else 6
+    with open_log(tmp_path) as log:
+        assert log.recovery.rebuilt and "state.json" in log.recovery.rebuild_reason
+        assert log.root() == (n, merkle.root(leaves(tmp_path)))
+        log.append(rec(n))
+    assert checkpoint_of(read_checkpoint(tmp_path)) == (n + 1, merkle.root(leaves(tmp_path)))
+
+
+def test_clean_close_reopens_without_rereading(tmp_path: Path) -> None:
+    """After a clean close state.json's frontier matches the signed checkpoint: reopening is clean."""
+    write_records(tmp_path, 6)
+    with open_log(tmp_path) as log:
+        assert log.recovery.clean and log.size == 6
+
+
+@pytest.mark.parametrize("state", ["kept", "missing"])
+@pytest.mark.parametrize("which", [0, 2, 4])
+def test_frame_index_field_is_checked_on_open(tmp_path: Path, which: int, state: str) -> None:
+    """A frame whose stored index was altered (record, hash intact) is corruption at its index and offset."""
+    write_records(tmp_path, 5)
+    log_path = tmp_path / "records.log"
+    offset = frame_offsets(tmp_path)[which]
+    data = bytearray(log_path.read_bytes())
+    data[offset + 7] ^= 0x01
+    log_path.write_bytes(bytes(data))
+    if state == "missing":
+        (tmp_path / "state.json").unlink()  # no durable bound: still not a torn tail, even at the end
+    with pytest.raises(CorruptLogError) as exc:
+        open_log(tmp_path, verify=state == "kept")  # a matching state.json is only re-read on verify
+    assert exc.value.index == which and exc.value.offset == offset
+    assert f"record {which} at byte offset {offset}" in str(exc.value) and "index field" in str(exc.value)
+    assert log_path.read_bytes() == bytes(data)  # refused, not repaired
+    with pytest.raises(CorruptLogError, match=f"record {which} at byte offset {offset}"):
+        list(iter_records(tmp_path))
+
+
+def test_torn_tail_still_cut_after_index_check(tmp_path: Path) -> None:
+    """A half-written frame after intact ones is still a torn tail (cut), not corruption."""
+    write_records(tmp_path, 3)
+    before = (tmp_path / "records.log").read_bytes()
+    (tmp_path / "state.json").unlink()
+    with (tmp_path / "records.log").open("ab") as f:
+        f.write(frame(3, rec(3))[:20])
+    with open_log(tmp_path) as log:
+        assert log.size == 3 and log.recovery.truncated_bytes == 20
+    assert (tmp_path / "records.log").read_bytes() == before

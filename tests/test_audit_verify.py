@@ -6,6 +6,7 @@ import hashlib
 import json
 import shutil
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -247,3 +248,198 @@ def test_check_appends_to_an_audit_log(tmp_path: Path, capsys: pytest.CaptureFix
     assert rep.ok and rep.records == 4 and rep.checkpoint is not None and rep.checkpoint.size == 4
     assert main(args) == 2  # a second run appends to the same log
     assert verify_log(d, public_key=PUB, workers=1).records == 8
+
+
+# ---- hostile input: a problem or a clear error, never a traceback, never OK -------------------------
+
+
+_HOSTILE_RECORDS: dict[str, Callable[[bytes], bytes]] = {
+    "lone surrogate": lambda r: r.replace(b'"request_id":"', b'"request_id":"\\ud800', 1),
+    "1e400": lambda r: r.replace(b'"approved_tokens":', b'"approved_tokens":1e400,"x":', 1),
+    "NaN": lambda r: r.replace(b'"approved_tokens":', b'"approved_tokens":NaN,"x":', 1),
+    "deep nesting": lambda r: b"[" * 100_000 + b"]" * 100_000,
+    "deep member": lambda r: r.replace(
+        b'"request_id":', b'"y":' + b"[" * 900 + b"]" * 900 + b',"request_id":', 1
+    ),
+    "duplicate key": lambda r: r.replace(b'"decision":', b'"decision":"allow","decision":', 1),
+    "not UTF-8": lambda r: r.replace(b'"request_id":"', b'"request_id":"\xff', 1),
+}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("name", sorted(_HOSTILE_RECORDS))
+def test_hostile_record_is_a_problem_not_a_crash(
+    log: Path, name: str, workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A re-hashed record 0 with a lone surrogate, 1e400, NaN, deep nesting or a duplicate key: problem."""
+    import semgov.audit.verify
+
+    monkeypatch.setattr(semgov.audit.verify, "_CHUNK", 4)  # several ranges: the worker-process path too
+    recs = bodies(log)
+    recs[0] = _HOSTILE_RECORDS[name](recs[0])
+    assert recs[0] != bodies(log)[0]
+    (log / LOG_FILE).write_bytes(b"".join(reframe(i, r) for i, r in enumerate(recs)))
+    rep = verify_log(log, public_key=PUB, workers=workers)
+    p = rep.first()
+    assert p is not None and p.index == 0 and "canonical JSON" in p.message, rep.problems
+    assert not any(q.index not in (0, None) for q in rep.problems if q.exact), rep.problems
+
+
+def test_record_problem_never_raises_on_hostile_leaves() -> None:
+    """record_problem returns a reason (naming canonical JSON) for every hostile leaf instead of raising."""
+    from semgov.audit.verify import record_problem
+    from semgov.keys import key_id_for
+
+    leaf = (ASSETS / "decisions.jsonl").read_bytes().splitlines()[0]
+    kid = key_id_for(PUB)
+    for name, edit in _HOSTILE_RECORDS.items():
+        why = record_problem(edit(leaf), PUB, kid)
+        assert why is not None and "canonical JSON" in why, (name, why)
+    assert record_problem(b'{"schema":' * 50_000, PUB, kid) is not None
+
+
+def test_cli_verify_reports_a_hostile_record(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`semgov audit verify` on a record of 100,000 nested arrays says FAILED at record 0, exit 1."""
+    recs = bodies(log)
+    recs[0] = b"[" * 100_000 + b"]" * 100_000
+    (log / LOG_FILE).write_bytes(b"".join(reframe(i, r) for i, r in enumerate(recs)))
+    pub = str(ASSETS / "decision-signing-key.pub.pem")
+    assert main(["audit", "verify", str(log), "--pubkey", pub, "--workers", "1"]) == 1
+    assert "FAILED: record 0: not canonical JSON: nested too deeply" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("which", [0, 7])
+def test_frame_index_field_is_checked(
+    log: Path, which: int, workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frame whose 8-byte index field was altered (record, hash intact): a problem at index and offset."""
+    import semgov.audit.verify
+
+    monkeypatch.setattr(semgov.audit.verify, "_CHUNK", 4)
+    a, _ = frames(log)[which]
+    data = bytearray((log / LOG_FILE).read_bytes())
+    data[a + 7] ^= 0x01  # the low byte of the index field
+    (log / LOG_FILE).write_bytes(bytes(data))
+    rep = verify_log(log, public_key=PUB, workers=workers)
+    p = rep.first()
+    assert p is not None and p.index == which, rep.problems
+    assert f"byte offset {a}" in p.message and "index field" in p.message
+
+
+def test_cli_frame_index_field_is_not_ok(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`semgov audit verify` after flipping a bit of byte 7 of records.log fails at record 0, not OK."""
+    data = bytearray((log / LOG_FILE).read_bytes())
+    data[7] ^= 0x01
+    (log / LOG_FILE).write_bytes(bytes(data))
+    pub = str(ASSETS / "decision-signing-key.pub.pem")
+    assert main(["audit", "verify", str(log), "--pubkey", pub]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED: record 0: frame at byte offset 0: its index field says 1, not 0" in out
+
+
+@pytest.fixture
+def bundle_text(pristine: Path) -> str:
+    rid = json.loads(bodies(pristine)[6])["decision_id"]
+    return json.dumps(make_bundle(pristine, rid), indent=2) + "\n"
+
+
+@pytest.mark.parametrize(
+    "field, value, why",
+    [
+        ("index", float("inf"), '"index" must be a JSON integer'),
+        ("index", False, '"index" must be a JSON integer'),
+        ("index", 6.0, '"index" must be a JSON integer'),
+        ("index", "6", '"index" must be a JSON integer'),
+        ("index", -1, '"index" -1 is out of range'),
+        ("index", 25, '"index" 25 is out of range'),
+        ("tree_size", 25.9, '"tree_size" must be a JSON integer'),
+        ("tree_size", True, '"tree_size" must be a JSON integer'),
+        ("tree_size", 2**64, '"tree_size" 18446744073709551616 is out of range'),
+        ("record", {"a": 1}, '"record" must be a JSON string'),
+        ("record", "\ud800", '"record" holds a lone surrogate'),
+        ("checkpoint", None, '"checkpoint" must be a JSON string'),
+        ("inclusion_proof", "00" * 32, '"inclusion_proof" must be a JSON array'),
+        ("inclusion_proof", [[]], '"inclusion_proof"[0] must be 64 lower-case hex digits'),
+        ("inclusion_proof", ["AB" * 32], '"inclusion_proof"[0] must be 64 lower-case hex digits'),
+        ("inclusion_proof", ["00" * 32] * 65, '"inclusion_proof" has 65 hashes'),
+        ("index", None, '"index" must be a JSON integer'),
+    ],
+)
+def test_bundle_fields_must_have_their_exact_type(bundle_text: str, field: str, value: Any, why: str) -> None:
+    """Every bundle field must be of its exact JSON type and in range; the ProofError names the field."""
+    from semgov.audit.merkle import ProofError
+
+    bundle = json.loads(bundle_text)
+    bundle[field] = value
+    with pytest.raises(ProofError, match=f"malformed bundle: {__import__('re').escape(why)}"):
+        verify_bundle(bundle, PUB)
+    del bundle[field]
+    with pytest.raises(ProofError, match=f'malformed bundle: "{field}" is missing'):
+        verify_bundle(bundle, PUB)
+
+
+@pytest.mark.parametrize(
+    "old, new, why",
+    [
+        ('"index": 6,', '"index": 999, "index": 6,', "duplicate key 'index'"),
+        ('"tree_size": 25,', '"tree_size": 25.9,', '"tree_size" must be a JSON integer, got 25.9'),
+        ('"index": 6,', '"index": 1e400,', '"index" must be a JSON integer, got inf'),
+        ('"index": 6,', '"index": NaN,', "NaN is not JSON"),
+        ('"index": 6,', '"index": false,', '"index" must be a JSON integer, got False'),
+    ],
+)
+def test_bundle_bytes_are_read_strictly(bundle_text: str, old: str, new: str, why: str) -> None:
+    """verify_bundle on a bundle file's bytes refuses duplicate keys, 1e400, NaN, 25.9 and false."""
+    from semgov.audit.merkle import ProofError
+
+    assert verify_bundle(bundle_text.encode(), PUB)["decision_id"]  # the real one verifies
+    assert old in bundle_text
+    with pytest.raises(ProofError, match=__import__("re").escape(why)):
+        verify_bundle(bundle_text.replace(old, new, 1).encode(), PUB)
+
+
+@pytest.mark.parametrize(
+    "edit, why",
+    [
+        (lambda t: "[" * 100_000 + "]" * 100_000, "cannot read proof bundle: nested deeper than"),
+        (lambda t: t.replace('"index": 6,', '"index": 999, "index": 6,', 1), "duplicate key 'index'"),
+        (lambda t: t.replace('"index": 6,', '"index": 1e400,', 1), '"index" must be a JSON integer'),
+        (lambda t: t.replace('"tree_size": 25,', '"tree_size": 25.9,', 1), '"tree_size" must be a JSON'),
+        (lambda t: t.replace('"index": 6,', '"index": false,', 1), '"index" must be a JSON integer'),
+    ],
+)
+def test_cli_verify_proof_refuses_malformed_bundles(
+    bundle_text: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: Any, why: str
+) -> None:
+    """`semgov audit verify-proof` on a deep, duplicate-key or non-integer bundle fails with a reason."""
+    pub = str(ASSETS / "decision-signing-key.pub.pem")
+    f = tmp_path / "bundle.json"
+    f.write_text(bundle_text)
+    assert main(["audit", "verify-proof", str(f), "--pubkey", pub]) == 0
+    assert "record 6 of the log at size 25" in capsys.readouterr().out
+    f.write_text(edit(bundle_text))
+    assert main(["audit", "verify-proof", str(f), "--pubkey", pub]) in (1, 2)
+    captured = capsys.readouterr()
+    assert "OK" not in captured.out and why in captured.out + captured.err
+
+
+def test_show_and_stats_survive_hostile_records(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`semgov audit show/stats` on odd-typed records print them; a deep record is an error naming it."""
+    d = tmp_path / "log"
+    odd = b'{"approved_tokens":1e400,"decision":null,"gates":5,"policy":[],"schema":"semgov.decision/v1"}'
+    event = b'{"kind":"realization","materialized_tokens":"8","schema":"semgov.engine_event/v1"}'
+    with AuditLog.open(d, signing_key=KEY, origin="semgov/test") as log:
+        log.append(odd)
+        log.append(event)
+    assert main(["audit", "show", str(d)]) == 0
+    assert "1 decision(s), 1 engine event(s)" in capsys.readouterr().out
+    assert main(["audit", "stats", str(d), "--gate", "tenant"]) == 0
+    assert main(["audit", "stats", str(d)]) == 0
+    assert "2 records" in capsys.readouterr().out
+    d2 = tmp_path / "deep"
+    with AuditLog.open(d2, signing_key=KEY, origin="semgov/test") as log:
+        log.append(b"[" * 100_000 + b"]" * 100_000)
+    assert main(["audit", "show", str(d2)]) == 2
+    captured = capsys.readouterr()
+    assert "record 0 is not JSON: nested deeper than" in captured.out + captured.err

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -140,3 +141,124 @@ def test_schema_check_cli(capsys: pytest.CaptureFixture[str]) -> None:
     from tests.conftest import ROOT
 
     assert main(["schema", "--check", "--dir", str(ROOT / "schemas")]) == 0
+
+
+# ---- hostile --trust keyrings and decision records (benchmarks/hostile.py) ---------------------------------
+
+
+def _unknown_oid_keyring() -> bytes:
+    import base64
+
+    der = bytes.fromhex("301a300506032a0304031100") + bytes(16)  # SPKI, algorithm OID 1.2.3.4
+    pem = "-----BEGIN PUBLIC KEY-----\n" + base64.b64encode(der).decode() + "\n-----END PUBLIC KEY-----\n"
+    return json.dumps({"keys": [{"key_id": "k1", "public_key": pem}]}).encode()
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        (b'{"keys": [{"key_id": "\xff"}]}', "not UTF-8"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested deeper"),
+        (b'{"keys": ' + b"1" * 5000 + b"}", "digits"),
+        (_unknown_oid_keyring(), "keys.0.public_key: not an Ed25519 public key"),
+        (
+            (ASSETS / "keyring.json")
+            .read_bytes()
+            .replace(b'"revoked": false', b'"revoked": true, "revoked": false'),
+            "duplicate key 'revoked'",
+        ),
+    ],
+)
+def test_check_bad_trust_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], data: bytes, needle: str
+) -> None:
+    """`semgov check --trust X` with a hostile keyring exits 2 with one line naming X and the problem."""
+    if needle.startswith("duplicate"):
+        assert data != (ASSETS / "keyring.json").read_bytes()
+    trust = tmp_path / "keyring.json"
+    trust.write_bytes(data)
+    args = ["check", str(SMALL), *BASE]
+    args[args.index(str(ASSETS / "keyring.json"))] = str(trust)
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    assert f"{trust}: " in err and needle in err, err
+
+
+def _record_lines() -> list[str]:
+    return (ASSETS / "decisions.jsonl").read_text().splitlines()
+
+
+def _verify(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    rc = main(["verify-decision", str(path), "--pubkey", str(ASSETS / "decision-signing-key.pub.pem")])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_verify_decision_deep_nesting_is_a_bad_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A line of 100,000 nested brackets is a bad record reported by line, not a RecursionError."""
+    good = _record_lines()[0]
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join([good, "[" * 100_000 + "]" * 100_000, good]) + "\n")
+    rc, out, err = _verify(path, capsys)
+    assert rc == 1 and "3 records: 2 valid, 1 invalid" in out
+    assert f"{path}:2: not a JSON record: nested deeper" in err
+
+
+def test_verify_decision_duplicate_key_is_invalid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A signed record with ``"decision":"deny","decision":"allow"`` is invalid, not `1 valid`."""
+    line = next(x for x in _record_lines() if '"decision":"allow"' in x)
+    path = tmp_path / "d.jsonl"
+    path.write_text(line.replace('"decision":"allow"', '"decision":"deny","decision":"allow"', 1) + "\n")
+    rc, out, err = _verify(path, capsys)
+    assert rc == 1 and "1 records: 0 valid, 1 invalid" in out
+    assert f"{path}:1: not a JSON record: duplicate key 'decision'" in err
+
+
+def test_verify_decision_reports_every_bad_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Non-UTF-8, NaN, a non-object and a huge integer are each reported with their line number."""
+    good = _record_lines()[0].encode()
+    lines = [good, b'{"schema": "\xff"}', b'{"approved_tokens": NaN}', b"[1, 2]", b"1" * 5000, good]
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    rc, out, err = _verify(path, capsys)
+    assert rc == 1 and "6 records: 2 valid, 4 invalid" in out
+    for n, needle in [(2, "not UTF-8"), (3, "NaN"), (4, "not a JSON object"), (5, "digits")]:
+        assert f"{path}:{n}: " in err and needle in err.splitlines()[n - 2], err
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda r: r.update(approved_tokens=str(r["approved_tokens"])), "approved_tokens"),
+        (lambda r: r.update(approved_tokens=True), "approved_tokens"),
+        (lambda r: r.update(evaluated_at=0), "evaluated_at"),
+        (lambda r: r.update(evaluated_at="2026-11-29"), "evaluated_at"),
+        (lambda r: r.update(evaluated_at="2026-11-29T10:00:00"), "evaluated_at"),
+        (lambda r: r.update(evaluated_at="2026-11-29 10:00:00Z"), "evaluated_at"),
+        (lambda r: r.update(schema_=r.pop("schema")), "schema"),
+        (lambda r: r.update(approved_tokens=2**60), "RFC 8785"),
+    ],
+)
+def test_verify_decision_refuses_a_signed_record_off_the_schema(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: Any, needle: str
+) -> None:
+    """A record signed by the right key but off decision.schema.json (coerced types, bad times) is invalid."""
+    from semgov.canonical import canonicalize
+    from semgov.keys import load_signing_key
+
+    key = load_signing_key(ASSETS / "decision-signing-key.pem")
+    rec = json.loads(_record_lines()[0])
+    rec.pop("signature")
+    edit(rec)
+    try:
+        rec["signature"] = key.sign(canonicalize(rec))
+    except ValueError:  # no RFC 8785 form: any signature will do, the shape is refused first
+        rec["signature"] = key.sign(b"")
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(rec) + "\n")
+    rc, out, err = _verify(path, capsys)
+    assert rc == 1 and "0 valid, 1 invalid" in out
+    assert f"{path}:1: not a decision record: " in err and needle in err, err

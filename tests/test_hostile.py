@@ -1,8 +1,9 @@
 """The hostile-input campaign (benchmarks/hostile.py): a small run per target, hand-written hostile
 inputs, and checks that the oracles catch what they are there to catch.
 
-Known product bugs the campaign finds are pinned by ``xfail(strict=True)`` tests below: each one
-starts passing (and so fails as XPASS) once its bug is fixed; then drop the marker.
+The minimal reproducers below are the product bugs the first full campaign found (keyring, decision
+record, audit log, proof bundle, YAML and policy-test parsing); all are fixed and stay as regression
+tests. A newly found bug gets a reproducer here marked ``xfail(strict=True)`` until it is fixed.
 """
 
 from __future__ import annotations
@@ -28,20 +29,6 @@ from tests.conftest import ROOT
 
 SEED = 20261129
 SCRIPT = ROOT / "benchmarks" / "hostile.py"
-
-# Targets where the campaign currently finds product bugs (details in each reason). Not strict: whether a
-# small run happens on one of them is luck (seeded, so stable, but any change to a mutator moves it);
-# the strict xfail tests below pin each bug by a minimal reproducer instead.
-KNOWN_BAD = {
-    "records": "semgov verify-decision: RecursionError on deeply nested JSON, duplicate JSON keys accepted; "
-    "audit leaf check: rfc8785 errors on lone surrogates and non-finite numbers",
-    "keyring": "Keyring.load: UnicodeDecodeError, RecursionError, UnsupportedAlgorithm escape; duplicate "
-    "JSON keys accepted",
-    "audit_log": "verify_log and AuditLog.open ignore a frame's index field; RecursionError on a deep "
-    "state.json",
-    "bundle": "semgov audit verify-proof: RecursionError, OverflowError escape; duplicate keys and "
-    "fractional numbers accepted",
-}
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +59,7 @@ def _findings(t: Tally) -> str:
 
 @pytest.mark.parametrize(
     "name",
-    [pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN_BAD[n])) if n in KNOWN_BAD else n for n in TARGETS],
+    list(TARGETS),
 )
 def test_campaign_finds_nothing(name: str, targets: dict[str, Target], tmp_path: Path) -> None:
     """A small seeded campaign against one target: no crash, no hang, no allow of malformed input."""
@@ -289,19 +276,11 @@ def test_records_hand_written(targets: dict[str, Target], ctx: Ctx) -> None:
     assert _clean(v) and not v.accepted, v
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="semgov verify-decision: RecursionError escapes json.loads (only ValueError is caught)",
-)
 def test_records_deep_nesting_is_a_bad_record(targets: dict[str, Target]) -> None:
     """`semgov verify-decision` on a line of 100,000 nested arrays reports a bad record, no traceback."""
     assert _clean(targets["records"].run(b"[" * 100_000 + b"]" * 100_000))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="record_problem (audit verify's per-record check): rfc8785 errors escape canonicalize_record",
-)
 @pytest.mark.parametrize(
     "old, new",
     [
@@ -318,9 +297,6 @@ def test_records_uncanonicalizable_leaf_is_a_bad_record(ctx: Ctx, old: str, new:
     assert isinstance(record_problem(leaf, ctx.public_key, ctx.key_id), str)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="semgov verify-decision accepts duplicate JSON keys (the last one wins)"
-)
 def test_records_duplicate_key_is_refused(targets: dict[str, Target], ctx: Ctx) -> None:
     """A signed record with a second, different ``"decision"`` member before the real one is refused."""
     rec = json.loads(ctx.audit.records[0])
@@ -347,24 +323,17 @@ def test_keyring_hand_written(targets: dict[str, Target]) -> None:
     assert _clean(v) and not v.accepted and any("duplicate key_id" in r for r in v.reasons), v
 
 
-@pytest.mark.xfail(
-    strict=True, reason="Keyring.load: UnicodeDecodeError escapes (only JSONDecodeError is caught)"
-)
 def test_keyring_not_utf8_is_an_input_error(targets: dict[str, Target]) -> None:
     """A keyring that is not UTF-8 is an InputError naming the file."""
     assert _clean(targets["keyring"].run(b'{"keys": [{"key_id": "\xff"}]}'))
 
 
-@pytest.mark.xfail(
-    strict=True, reason="Keyring.load: RecursionError and ValueError (int digits) escape json.loads"
-)
 @pytest.mark.parametrize("text", [b"[" * 100_000 + b"]" * 100_000, b'{"keys": ' + b"1" * 5000 + b"}"])
 def test_keyring_deep_or_huge_is_an_input_error(targets: dict[str, Target], text: bytes) -> None:
     """A keyring of 100,000 nested arrays or with a 5,000-digit number is an InputError naming the file."""
     assert _clean(targets["keyring"].run(text))
 
 
-@pytest.mark.xfail(strict=True, reason="parse_public_pem: cryptography's UnsupportedAlgorithm escapes")
 def test_keyring_unknown_key_algorithm_is_a_key_file_error(targets: dict[str, Target]) -> None:
     """A SubjectPublicKeyInfo with an unknown algorithm OID is a KeyFileError, not a traceback."""
     der = bytes.fromhex("301a300506032a0304031100") + bytes(16)  # OID 1.2.3.4, 16-byte key
@@ -373,7 +342,6 @@ def test_keyring_unknown_key_algorithm_is_a_key_file_error(targets: dict[str, Ta
     assert _clean(targets["keyring"].run(json.dumps(doc).encode()))
 
 
-@pytest.mark.xfail(strict=True, reason="Keyring.load: duplicate JSON keys are accepted (the last one wins)")
 def test_keyring_duplicate_json_key_is_refused(targets: dict[str, Target]) -> None:
     """``"revoked": true, "revoked": false`` in one entry is refused, not read as trusted."""
     text = (
@@ -411,7 +379,6 @@ def test_yaml_policy_unknown_tag_and_huge_int_are_policy_errors(targets: dict[st
         )  # file:line, normalised, v
 
 
-@pytest.mark.xfail(strict=True, reason="yamlload: a tag on a mapping or sequence is ignored, not refused")
 def test_yaml_policy_tag_on_a_mapping_is_refused(targets: dict[str, Target]) -> None:
     """``tenant: !!python/object:os.system`` (a tag on a mapping) is a PolicyError, as on a scalar."""
     base = (ROOT / "policies" / "default" / "policy.yaml").read_text()
@@ -421,7 +388,6 @@ def test_yaml_policy_tag_on_a_mapping_is_refused(targets: dict[str, Target]) -> 
     assert _clean(v) and not v.accepted, v
 
 
-@pytest.mark.xfail(strict=True, reason="yamlload: a YAML reader error (control character) has no line")
 def test_yaml_policy_control_character_names_a_line(targets: dict[str, Target]) -> None:
     """A control character in a policy is a PolicyError with file:line."""
     base = (ROOT / "policies" / "default" / "policy.yaml").read_text()
@@ -454,9 +420,6 @@ def test_policy_input_hand_written(targets: dict[str, Target], ctx: Ctx) -> None
         assert _clean(v) and not v.accepted, (p, v)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="policy input validation coerces types: a string similarity is a number"
-)
 def test_policy_input_string_similarity_is_refused(targets: dict[str, Target], ctx: Ctx) -> None:
     """``"similarity": "0.9"`` (a string; the schema says number) is refused, never allowed."""
     from benchmarks.hostile_targets import deep_merge
@@ -493,7 +456,6 @@ def test_audit_log_hand_written(targets: dict[str, Target], ctx: Ctx) -> None:
         assert _clean(v) and any(r.startswith("verify: ") for r in v.reasons), v
 
 
-@pytest.mark.xfail(strict=True, reason="verify_log / AuditLog.open ignore a frame's stored index field")
 def test_audit_log_frame_index_field_is_checked(targets: dict[str, Target], ctx: Ctx) -> None:
     """A frame whose 8-byte index field was changed (record and hash intact) fails verification."""
     log = bytearray(ctx.audit.original[ctx.audit.closed]["records.log"])
@@ -501,9 +463,6 @@ def test_audit_log_frame_index_field_is_checked(targets: dict[str, Target], ctx:
     assert _clean(targets["audit_log"].run(_log_input(0, 0, bytes(log))))
 
 
-@pytest.mark.xfail(
-    strict=True, reason="verify_log: record_problem's RecursionError escapes for a deep record"
-)
 def test_audit_log_deep_record_is_a_bad_record(targets: dict[str, Target], ctx: Ctx) -> None:
     """A log whose record 0 is 100,000 nested arrays (frame re-hashed) fails verification at record 0."""
     frames = AuditFixture._frames(ctx.audit.original[ctx.audit.closed]["records.log"])
@@ -512,9 +471,6 @@ def test_audit_log_deep_record_is_a_bad_record(targets: dict[str, Target], ctx: 
     assert _clean(v) and any(r.startswith("verify: record N") for r in v.reasons), v
 
 
-@pytest.mark.xfail(
-    strict=True, reason="AuditLog.open: RecursionError from json.loads of a deep state.json escapes"
-)
 def test_audit_log_deep_state_json_is_rebuilt(targets: dict[str, Target]) -> None:
     """A state.json of 100,000 nested arrays is malformed state (rebuild), not a crash."""
     assert _clean(targets["audit_log"].run(_log_input(1, 2, b"[" * 100_000 + b"]" * 100_000)))
@@ -549,7 +505,6 @@ def test_bundle_hand_written(targets: dict[str, Target]) -> None:
         assert _clean(v) and not v.accepted, v
 
 
-@pytest.mark.xfail(strict=True, reason="verify_bundle: OverflowError from int(1e400) escapes")
 def test_bundle_infinite_index_is_a_proof_error(targets: dict[str, Target]) -> None:
     """A bundle whose index is 1e400 is 'proof does NOT verify', not a traceback."""
     text = targets["bundle"].seed_list[0].decode()
@@ -557,9 +512,6 @@ def test_bundle_infinite_index_is_a_proof_error(targets: dict[str, Target]) -> N
     assert _clean(targets["bundle"].run(text.encode()))
 
 
-@pytest.mark.xfail(
-    strict=True, reason="verify_bundle accepts duplicate keys and truncates a fractional tree size"
-)
 @pytest.mark.parametrize(
     "edit", [(r'"index": (\d+)', r'"index": 999, "index": \1'), (r'"tree_size": (\d+)', r'"tree_size": \1.9')]
 )
@@ -570,7 +522,6 @@ def test_bundle_malformed_numbers_are_refused(targets: dict[str, Target], edit: 
     assert _clean(v) and not v.accepted, v
 
 
-@pytest.mark.xfail(strict=True, reason="semgov audit verify-proof: RecursionError escapes json.loads")
 def test_bundle_deep_nesting_is_an_input_error(targets: dict[str, Target]) -> None:
     """A bundle file of 100,000 nested arrays is 'cannot read proof bundle', not a traceback."""
     assert _clean(targets["bundle"].run(b"[" * 100_000 + b"]" * 100_000))

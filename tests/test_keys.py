@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric import ec, ed448, rsa, x25519
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from semgov import InputError, KeyFileError, Keyring, generate_keypair, load_public_key, load_signing_key
 from semgov.keys import key_id_for, public_pem, verify_signature
@@ -126,3 +129,105 @@ def test_key_id_is_stable_over_raw_bytes(tmp_path: Path) -> None:
     sk = load_signing_key(generate_keypair(tmp_path)[0])
     raw = sk.public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     assert key_id_for(Ed25519PublicKey.from_public_bytes(raw)) == sk.key_id
+
+
+# ---- hostile keyrings (benchmarks/hostile.py, target keyring) ----------------------------------------------
+
+
+def _spki_pem(der: bytes) -> str:
+    return "-----BEGIN PUBLIC KEY-----\n" + base64.b64encode(der).decode() + "\n-----END PUBLIC KEY-----\n"
+
+
+def _load_bad(path: Path, kind: type[Exception], needle: str) -> str:
+    with pytest.raises(kind) as e:
+        Keyring.load(path)
+    msg = str(e.value)
+    assert str(path) in msg and needle in msg and "\n" not in msg, msg
+    return msg
+
+
+def test_keyring_not_utf8_is_an_input_error(tmp_path: Path) -> None:
+    """A keyring that is not UTF-8 is an InputError naming the file, not a UnicodeDecodeError."""
+    path = tmp_path / "keyring.json"
+    path.write_bytes(b'{"keys": [{"key_id": "\xff"}]}')
+    _load_bad(path, InputError, "not UTF-8")
+
+
+def test_keyring_deep_nesting_is_an_input_error(tmp_path: Path) -> None:
+    """A keyring of 100,000 nested arrays is an InputError naming the file, not a RecursionError."""
+    path = tmp_path / "keyring.json"
+    path.write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    _load_bad(path, InputError, "nested deeper")
+
+
+def test_keyring_huge_integer_is_an_input_error(tmp_path: Path) -> None:
+    """A keyring with a 5,000-digit integer is an InputError naming the file, not a ValueError."""
+    path = tmp_path / "keyring.json"
+    path.write_bytes(b'{"keys": ' + b"1" * 5000 + b"}")
+    _load_bad(path, InputError, "digits")
+
+
+def test_keyring_unknown_key_algorithm_is_a_key_file_error(tmp_path: Path) -> None:
+    """An SPKI of an unknown algorithm OID is a KeyFileError naming file and field, not a traceback."""
+    der = bytes.fromhex("301a300506032a0304031100") + bytes(16)  # OID 1.2.3.4, 16-byte key
+    path = _keyring(tmp_path, {"keys": [{"key_id": "k1", "public_key": _spki_pem(der), "revoked": False}]})
+    _load_bad(path, KeyFileError, "keys.0.public_key: not an Ed25519 public key")
+
+
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (lambda: ec.derive_private_key(7, ec.SECP256R1()).public_key(), "elliptic-curve (secp256r1)"),
+        (lambda: rsa.generate_private_key(65537, 1024).public_key(), "RSA"),
+        (lambda: ed448.Ed448PrivateKey.from_private_bytes(b"\x09" * 57).public_key(), "Ed448"),
+        (lambda: x25519.X25519PrivateKey.from_private_bytes(b"\x07" * 32).public_key(), "X25519"),
+    ],
+)
+def test_keyring_non_ed25519_keys_are_refused_by_kind(tmp_path: Path, make: Any, needle: str) -> None:
+    """A valid public key of another algorithm is refused, saying which algorithm it is."""
+    pem = make().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    path = _keyring(tmp_path, {"keys": [{"key_id": "k1", "public_key": pem.decode()}]})
+    assert needle in _load_bad(path, KeyFileError, "not an Ed25519 public key")
+
+
+def test_keyring_private_key_or_two_blocks_or_non_ascii_refused(tmp_path: Path) -> None:
+    """A private key, two PEM blocks (which one is trusted?) or non-ASCII text in a PEM is refused."""
+    sk = Ed25519PrivateKey.generate()
+    pem = public_pem(sk.public_key())
+    priv = sk.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    other = public_pem(Ed25519PrivateKey.generate().public_key())
+    for text, needle in [(priv, "private key"), (pem + other, "2 PEM blocks"), ("é\n" + pem, "non-ASCII")]:
+        path = _keyring(tmp_path, {"keys": [{"key_id": "k1", "public_key": text}]})
+        _load_bad(path, KeyFileError, needle)
+
+
+def test_signing_key_unknown_algorithm_is_a_key_file_error(tmp_path: Path) -> None:
+    """A PKCS#8 private key with an unknown algorithm OID is a KeyFileError, not UnsupportedAlgorithm."""
+    der = bytes.fromhex("302e020100300506032a030404220420") + bytes(32)  # OID 1.2.3.4
+    path = tmp_path / "k.pem"
+    path.write_text(
+        "-----BEGIN PRIVATE KEY-----\n" + base64.b64encode(der).decode() + "\n-----END PRIVATE KEY-----\n"
+    )
+    with pytest.raises(KeyFileError, match="not an Ed25519 private key") as e:
+        load_signing_key(path)
+    assert str(path) in str(e.value)
+
+
+def test_keyring_duplicate_json_key_is_refused(tmp_path: Path) -> None:
+    """``"revoked": true, "revoked": false`` is refused, never read as trusted (last one wins)."""
+    pem = public_pem(Ed25519PrivateKey.generate().public_key())
+    entry = json.dumps({"key_id": "k1", "public_key": pem, "revoked": True})
+    path = _keyring(
+        tmp_path, '{"keys": [' + entry.replace('"revoked": true', '"revoked": true, "revoked": false') + "]}"
+    )
+    _load_bad(path, InputError, "duplicate key 'revoked'")
+
+
+def test_keyring_json_syntax_error_names_the_line(tmp_path: Path) -> None:
+    """A JSON syntax error in a keyring still names its line."""
+    path = _keyring(tmp_path, '{\n  "keys": [\n    }\n')
+    with pytest.raises(InputError) as e:
+        Keyring.load(path)
+    assert e.value.line == 3 and str(e.value).startswith(f"{path}:3: keyring is not valid JSON")

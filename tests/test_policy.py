@@ -135,3 +135,61 @@ def test_non_utf8_policy() -> None:
     """Binary junk is rejected as not UTF-8."""
     with pytest.raises(PolicyError, match="UTF-8"):
         parse_policy(b"\xff\xfe\x00", "x")
+
+
+# ---- hostile YAML: tags, reader errors, JSON/YAML 1.1 ambiguity, surrogates (all with file:line) ----------
+
+
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        "tenant: !!python/object:os.system\n  allow_public_donors: false\n",
+        "accepted_policy_versions: !!python/tuple [a@1]\n",
+        "accepted_policy_versions: !!set {a@1: null}\n",
+        "description: !!str plain\n",
+        "description: ! plain\n",
+        "tenant: !custom {allow_public_donors: false}\n",
+        "tenant: !<tag:yaml.org,2002:map> {allow_public_donors: false}\n",
+    ],
+)
+def test_any_explicit_tag_is_refused_with_its_line(snippet: str) -> None:
+    """An explicit tag on a mapping, sequence or scalar is refused at file:line (policies are plain data)."""
+    e = err(MIN + snippet)
+    assert e.line == 3 and e.source == "pol.yaml" and "tags are not allowed" in e.message, e
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
+def test_control_character_names_its_line(newline: str) -> None:
+    """A control character (a YAML reader error, which has no mark) is a PolicyError at its line."""
+    text = newline.join(["name: p", "version: '1'", "description: a", "description2: b\x01c", ""])
+    e = err(text)
+    assert e.line == 4 and "unacceptable character #x0001" in e.message, e
+    assert e.diagnostic().startswith("pol.yaml:4: ")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["name: [p", "name: p\n  version: '1'", "name: 'p", "name: *nope", "? [a]\n: 1", "name: p\n\t- x",
+     "%FOO bar\n---\nname: p", "name: \"\\q\"", "- a\nb: c", "name: p\n...\n---\nx: 1"],
+)  # fmt: skip
+def test_every_yaml_error_names_a_line(bad: str) -> None:
+    """Scanner, parser, composer and constructor errors all carry file:line."""
+    e = err(bad)
+    assert e.line is not None and e.line >= 1 and e.diagnostic().startswith(f"pol.yaml:{e.line}: "), e
+
+
+@pytest.mark.parametrize("number", ["1e5", "1e-07", "1.5e10", "-2E3"])
+def test_number_json_and_yaml_1_1_read_differently_is_refused(number: str) -> None:
+    """A plain 1e-07 (a number to JSON, a string to YAML 1.1) is refused as ambiguous at its line."""
+    e = err(MIN + f"similarity: {{min: {number}}}\n")
+    assert e.line == 3 and "ambiguous value" in e.message, e
+    p = parse_policy((MIN + "description: '1e5'\nsimilarity: {min: 5.0e-1}\n").encode(), "x")
+    assert p.description == "1e5" and p.similarity.min == 0.5
+
+
+def test_surrogate_escapes() -> None:
+    """An escaped surrogate pair is one character (as in JSON); a lone surrogate is refused at its line."""
+    p = parse_policy((MIN + 'description: "\\ud83d\\ude00"\n').encode(), "x")
+    assert p.description == "\U0001f600"
+    e = err(MIN + 'description: "a\\ud800b"\n')
+    assert e.line == 3 and "surrogate" in e.message, e

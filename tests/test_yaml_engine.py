@@ -68,7 +68,9 @@ def test_all_gates_run_even_after_a_failure(evaluator: Evaluator, keys: Keys) ->
     tok = next(g for g in rec["gates"] if g["gate"] == "token_verification")
     assert "not compared" in tok["detail"]
     assert rec["approved_spans"] == [] and rec["approved_tokens"] == 0
-    public = decide(evaluator, request([candidate(keys, tenant="globex", visibility="public", similarity=0.1)]))
+    public = decide(
+        evaluator, request([candidate(keys, tenant="globex", visibility="public", similarity=0.1)])
+    )
     assert set(failed(public)) == {"tenant", "similarity"}  # a public donor is compared as before
 
 

@@ -88,7 +88,11 @@ def loads(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
         raise
     except json.JSONDecodeError as e:
         raise StrictJSONError(f"not JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
-    except (ValueError, RecursionError) as e:  # e.g. an integer over the digit limit
+    except RecursionError:
+        raise StrictJSONError("nested too deeply") from None
+    except ValueError as e:  # an integer over Python's digit limit
+        if "digits" in str(e):
+            raise StrictJSONError("an integer has too many digits (over 4,300)") from None
         raise StrictJSONError(f"not JSON: {e}") from None
     _no_surrogates(doc)
     return doc

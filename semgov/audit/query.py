@@ -22,6 +22,18 @@ def is_event(rec: dict[str, Any]) -> bool:
     return rec.get("schema") == ENGINE_EVENT_SCHEMA
 
 
+def gates_of(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """A decision's gate results; what is not a list of objects (an unverified log) counts as none."""
+    gates = rec.get("gates")
+    return [g for g in gates if isinstance(g, dict)] if isinstance(gates, list) else []
+
+
+def count_of(rec: dict[str, Any], name: str) -> int:
+    """A token count field: a JSON integer, else 0 (never ``int()`` of a float, string or ``1e400``)."""
+    v = rec.get(name, 0)
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
 def record_time(rec: dict[str, Any]) -> str:
     """When a record happened, as logged: ``evaluated_at`` of a decision, ``at`` of an engine event."""
     return str(rec.get("at") if is_event(rec) else rec.get("evaluated_at"))
@@ -61,7 +73,7 @@ class Filter:
         if self.decision is not None and rec.get("decision") != self.decision:
             return False
         if self.gate is not None and not any(
-            g.get("gate") == self.gate and g.get("result") != "pass" for g in rec.get("gates", [])
+            g.get("gate") == self.gate and g.get("result") != "pass" for g in gates_of(rec)
         ):
             return False
         if self.since is not None or self.until is not None:
@@ -106,20 +118,21 @@ class Stats:
         self.schemas[str(rec.get("schema"))] += 1
         if is_event(rec):
             self.event_kinds[str(rec.get("kind"))] += 1
-            self.materialized_tokens += int(rec.get("materialized_tokens", 0))
+            self.materialized_tokens += count_of(rec, "materialized_tokens")
             self.by_period[_bucket(record_time(rec), period)]["event"] += 1
             return
         decision = str(rec.get("decision"))
         self.decisions[decision] += 1
-        for g in rec.get("gates", []):
+        for g in gates_of(rec):
             if g.get("result") == "fail":
                 self.gate_fail[str(g.get("gate"))] += 1
             elif g.get("result") == "error":
                 self.gate_error[str(g.get("gate"))] += 1
         key = (str(rec.get("tenant")), str(rec.get("namespace")))
-        self.approved_tokens[key] += int(rec.get("approved_tokens", 0))
+        self.approved_tokens[key] += count_of(rec, "approved_tokens")
         self.by_period[_bucket(str(rec.get("evaluated_at", "")), period)][decision] += 1
-        policy = rec.get("policy") or {}
+        policy = rec.get("policy")
+        policy = policy if isinstance(policy, dict) else {}
         self.engines[f"{policy.get('name')}@{policy.get('version')} ({policy.get('engine')})"] += 1
 
 

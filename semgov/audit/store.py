@@ -46,6 +46,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO, Final
 
+from semgov._internal import strictjson
 from semgov._internal.log import get_logger
 from semgov.audit.merkle import Frontier, leaf_hash
 from semgov.audit.note import Checkpoint, NoteError, open_checkpoint, sign_checkpoint
@@ -126,7 +127,7 @@ class AuditWriteError(AuditLogError):
 class _BadFrame:
     index: int  # index the bad frame's record would have
     offset: int  # byte offset of the bad frame
-    kind: str  # short_header | short_body | bad_length | hash_mismatch | index_mismatch
+    kind: str  # short_header | short_body | bad_length | hash_mismatch | index_mismatch | bad_index_field
     reason: str
     frame_end: int | None  # where the frame claims to end (None: header unreadable)
 
@@ -176,6 +177,10 @@ class _Walker:
                     self.bad = _BadFrame(index, off, "index_mismatch", why, end)
                 else:
                     self.bad = _BadFrame(index, off, "hash_mismatch", "record SHA-256 does not match", end)
+                break
+            if frame_index != index:  # record and hash intact, the header's index field altered
+                why = f"frame's index field says {frame_index}, not {index}"
+                self.bad = _BadFrame(index, off, "bad_index_field", why, end)
                 break
             yield index, off, rec
             off = end
@@ -261,14 +266,20 @@ def _read_state(directory: Path) -> tuple[_State | None, str]:
     except OSError as e:
         return None, f"state.json is unreadable ({e.strerror})"
     try:
-        doc = json.loads(raw)
+        # NOTE: strict (no duplicate keys, NaN, lone surrogates, deep nesting): whatever is
+        # wrong with the cache, the log is re-read instead (it is the truth).
+        doc = strictjson.loads(raw)
+        if not isinstance(doc, dict):
+            raise ValueError(f"expected an object, got a JSON {type(doc).__name__}")
         size, log_bytes, cp_size = doc["size"], doc["log_bytes"], doc["checkpoint_size"]
         if not all(type(v) is int and v >= 0 for v in (size, log_bytes, cp_size)):
             raise ValueError("size, log_bytes and checkpoint_size must be non-negative integers")
         frontier = Frontier.from_json(doc["frontier"])
         if frontier.size != size:
             raise ValueError(f"frontier size {frontier.size} != size {size}")
-    except (ValueError, KeyError, TypeError) as e:
+    except KeyError as e:
+        return None, f"state.json is malformed (no {e} member)"
+    except (ValueError, TypeError) as e:
         return None, f"state.json is malformed ({e})"
     return _State(size, log_bytes, frontier, cp_size), ""
 
@@ -303,7 +314,8 @@ def _note_sizes(directory: Path) -> list[int]:
         names = os.listdir(directory / CHECKPOINTS_DIR)
     except FileNotFoundError:
         return []
-    return sorted(int(n[:-5]) for n in names if n.endswith(".note") and n[:-5].isdigit())
+    # NOTE: ASCII digits only: str.isdigit() is also true of "²" or "٣", which int() refuses.
+    return sorted(int(n[:-5]) for n in names if n.endswith(".note") and n[:-5].isascii() and n[:-5].isdigit())
 
 
 _KEY_NAME_BAD = re.compile(r"[\s+\x00-\x1f\x7f]")
@@ -873,6 +885,29 @@ def _latest_checkpoint(
     return cp, cp.size
 
 
+def _unproven_state(state: _State, cp: Checkpoint | None) -> str:
+    """Why ``state.json``'s frontier cannot be trusted without re-reading the log ('' if it can).
+
+    NOTE: state.json is a cache and anything may have happened to it; a wrong frontier would
+    make the writer sign checkpoints over a root the log does not have. A writer that closed
+    cleanly signed a checkpoint of exactly its frontier's size, so the frontier is taken only
+    when it hashes to that signed root (64 hashes at most); after a crash (records past the
+    last checkpoint) or with no checkpoint, the log is re-read, as for a missing state.json.
+    """
+    if state.size == 0 and cp is None:
+        return ""  # a new, empty log (the frontier of size 0 has no hashes)
+    if cp is None:
+        return f"state.json says {state.size} records but the log has no checkpoint to check them against"
+    if cp.size != state.size:
+        return (
+            f"state.json says {state.size} records, the last checkpoint {cp.size} "
+            "(the last writer did not close cleanly)"
+        )
+    if state.frontier.root() != cp.root:
+        return f"state.json's frontier does not hash to the root of the signed checkpoint of size {cp.size}"
+    return ""
+
+
 def _recover(
     directory: Path,
     log_fd: int,
@@ -894,13 +929,17 @@ def _recover(
     truncate_to: int | None = None
     torn_reason = ""
     cp_root: bytes | None = None
-    if state is not None and state.log_bytes == file_size and not verify:
+    fits = state is not None and state.log_bytes == file_size
+    unproven = _unproven_state(state, cp) if fits and state is not None and not verify else ""
+    if fits and state is not None and not verify and not unproven:
         frontier, log_bytes = state.frontier, file_size
-        if cp is not None and cp.size == frontier.size:
-            cp_root = frontier.root()
+        if cp is not None:
+            cp_root = frontier.root()  # equal to cp.root (checked by _unproven_state)
     else:
         if state is None:
             rebuild_reason = state_problem if file_size else ""  # no records: a new log
+        elif unproven:
+            rebuild_reason = unproven
         elif state.log_bytes == file_size:
             rebuild_reason = ""  # verify=True: set below if the records disagree with state.json
         else:

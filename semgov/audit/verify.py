@@ -17,6 +17,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import struct
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -27,6 +28,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from semgov._internal import strictjson
 from semgov.audit.merkle import (
     ProofError,
     consistency_proof,
@@ -52,6 +54,9 @@ from semgov.keys import key_id_for
 from semgov.models import DECISION_SCHEMA, ENGINE_EVENT_SCHEMA
 
 BUNDLE_SCHEMA = "semgov.audit_proof/v1"
+_MAX_SIZE = 2**64 - 1  # tree sizes are uint64 (checkpoints, RFC 9162)
+_MAX_PROOF = 64  # an inclusion path in a tree of at most 2^64 leaves
+_HEX_HASH = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 20_000  # frames per worker task
 _INDEX = struct.Struct(">Q")
 
@@ -111,12 +116,32 @@ class Report:
 _SIGNED = {DECISION_SCHEMA: "decision", ENGINE_EVENT_SCHEMA: "engine event"}  # schema -> what it is
 
 
+def _brief(v: Any) -> str:
+    """A short, always printable description of a JSON value from a hostile record."""
+    if isinstance(v, str):
+        return repr(v) if len(v) <= 80 else repr(v[:80]) + "..."
+    if isinstance(v, dict | list):
+        return f"a JSON {'object' if isinstance(v, dict) else 'array'}"
+    text = repr(v)  # None, a bool or a number (json.loads caps an integer at 4300 digits)
+    return text if len(text) <= 40 else "a long number"
+
+
 def record_problem(leaf: bytes, public_key: Ed25519PublicKey, key_id: str) -> str | None:
-    """Why ``leaf`` is not a canonical decision record or engine event signed by ``public_key``, or None."""
+    """Why ``leaf`` is not a canonical decision record or engine event signed by ``public_key``, or None.
+
+    Never raises for any ``leaf`` (this runs on every record of a log, hostile ones included).
+    """
+    # NOTE: the hot path of `semgov audit verify` (one call per record): no per-character
+    # scan here. json.loads and the canonicalizer fail cleanly on what they cannot take
+    # (RecursionError on deep nesting, ValueError on bad JSON, a lone surrogate, NaN or
+    # 1e400); everything else that is not RFC 8785 (a duplicate key, which json.loads
+    # drops, other number spellings, spacing or key order) fails the exact-bytes comparison.
     try:
         rec = json.loads(leaf)
-    except ValueError as e:
-        return f"not JSON ({e})"
+    except RecursionError:
+        return "not canonical JSON: nested too deeply"
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, integer over the digit limit
+        return f"not canonical JSON: {e}"
     schema = rec.get("schema") if isinstance(rec, dict) else None
     what = _SIGNED.get(schema) if isinstance(schema, str) else None
     if what is None:
@@ -124,9 +149,16 @@ def record_problem(leaf: bytes, public_key: Ed25519PublicKey, key_id: str) -> st
     sig = rec.get("signature")
     if not isinstance(sig, str):
         return "record has no signature"
-    if rec.get("key_id") != key_id:
-        return f"signed by key {rec.get('key_id')!r}, expected {key_id!r}"
-    if canonicalize_record(rec) != leaf:
+    kid = rec.get("key_id")
+    if kid != key_id:
+        return f"signed by key {_brief(kid)}, expected {key_id!r}"
+    try:
+        canonical = canonicalize_record(rec)
+    except RecursionError:
+        return "not canonical JSON: nested too deeply"
+    except (ValueError, OverflowError) as e:  # rfc8785: lone surrogate, NaN/Infinity, huge integer
+        return f"not canonical JSON: {type(e).__name__}: {e}"
+    if canonical != leaf:
         return "record bytes are not RFC 8785 canonical JSON"
     # NOTE: the leaf is canonical, so the signed message (the record without "signature",
     # canonical) is the leaf with exactly that top-level member cut out; the signature is
@@ -199,6 +231,9 @@ def _verify_range(args: tuple[str, int, int, int, bytes]) -> tuple[bytes, list[t
                                         "(a record was deleted, inserted or moved)"))  # fmt: skip
             else:
                 problems.append((index, "record bytes do not match the frame's SHA-256"))
+        elif frame_index != index:
+            problems.append((index, f"frame at byte offset {start + off}: its index field says "
+                                    f"{frame_index}, not {index} (frame header altered)"))  # fmt: skip
         elif key is not None:
             why = record_problem(leaf, key, kid)
             if why is not None:
@@ -294,9 +329,9 @@ def _check_checkpoints(
         names = os.listdir(directory / CHECKPOINTS_DIR)
     except FileNotFoundError:
         names = []
-    for name in sorted(names, key=lambda n: int(n[:-5]) if n[:-5].isdigit() else -1):
-        if not (name.endswith(".note") and name[:-5].isdigit()):
-            continue
+    # NOTE: ASCII digits only: str.isdigit() is also true of "²" or "٣", which int() refuses.
+    numbered = [n for n in names if n.endswith(".note") and n[:-5].isascii() and n[:-5].isdigit()]
+    for name in sorted(numbered, key=lambda n: int(n[:-5])):
         try:
             cp = _open_cp((directory / CHECKPOINTS_DIR / name).read_bytes(), key, name)
         except (NoteError, OSError) as e:
@@ -370,7 +405,10 @@ def make_bundle(directory: Path, decision_id: str) -> dict[str, Any]:
     note = read_checkpoint(directory)
     if note is None:
         raise AuditLogError("the log has no checkpoint yet; nothing to prove against", source=str(directory))
-    cp = _open_cp(note, None, "checkpoint")
+    try:
+        cp = _open_cp(note, None, "checkpoint")
+    except NoteError as e:
+        raise AuditLogError(f"the latest checkpoint is malformed: {e}", source=str(directory)) from e
     hashes: list[bytes] = []
     found: tuple[int, bytes] | None = None
     needle = json.dumps(decision_id).encode()
@@ -379,7 +417,10 @@ def make_bundle(directory: Path, decision_id: str) -> dict[str, Any]:
             break
         hashes.append(leaf_hash(leaf))
         if found is None and needle in leaf:
-            rec = json.loads(leaf)
+            try:
+                rec = strictjson.loads(leaf)
+            except strictjson.StrictJSONError:
+                continue  # not a record anyone can prove (`semgov audit verify` names it)
             # NOTE: an engine event names its decision too; the bundle proves the decision record.
             is_decision = isinstance(rec, dict) and rec.get("schema") == DECISION_SCHEMA
             if is_decision and rec.get("decision_id") == decision_id:
@@ -401,20 +442,74 @@ def make_bundle(directory: Path, decision_id: str) -> dict[str, Any]:
     }
 
 
+def _field(bundle: dict[str, Any], name: str) -> Any:
+    try:
+        return bundle[name]
+    except KeyError:
+        raise ProofError(f'malformed bundle: "{name}" is missing') from None
+
+
+def _int_field(bundle: dict[str, Any], name: str, lo: int, hi: int) -> int:
+    """``bundle[name]`` as a JSON integer in ``lo..hi`` (not a bool, not a float such as 4.9 or 1e400)."""
+    v = _field(bundle, name)
+    if not strictjson.is_int(v):
+        raise ProofError(f'malformed bundle: "{name}" must be a JSON integer, got {_brief(v)}')
+    n: int = v
+    if not lo <= n <= hi:
+        raise ProofError(f'malformed bundle: "{name}" {n} is out of range {lo}..{hi}')
+    return n
+
+
+def _text_field(bundle: dict[str, Any], name: str) -> bytes:
+    v = _field(bundle, name)
+    if not isinstance(v, str):
+        raise ProofError(f'malformed bundle: "{name}" must be a JSON string, got {_brief(v)}')
+    try:
+        return v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ProofError(f'malformed bundle: "{name}" holds a lone surrogate (not valid Unicode)') from None
+
+
+def read_bundle(data: bytes | str) -> Any:
+    """Parse a proof bundle file as strict JSON (no duplicate keys, NaN, lone surrogates or deep nesting).
+
+    Raises :class:`semgov._internal.strictjson.StrictJSONError` (a ValueError) saying what is wrong.
+    """
+    return strictjson.loads(data)
+
+
 def verify_bundle(bundle: Any, public_key: Ed25519PublicKey) -> dict[str, Any]:
     """Check a proof bundle without the log; return its record (a decision, or an engine event).
 
-    Raises ProofError.
+    ``bundle`` is the parsed document (see :func:`read_bundle`), or the file's bytes or text,
+    parsed here strictly (only then can a duplicate key be seen). Every field must have its
+    exact type: ``index`` and ``tree_size`` JSON integers in range (not ``4.9``, ``1e400`` or
+    ``false``), the proof a list of 64 lower-case hex digits each. Raises ProofError.
     """
+    if isinstance(bundle, bytes | str):
+        try:
+            bundle = read_bundle(bundle)
+        except strictjson.StrictJSONError as e:
+            raise ProofError(f"malformed bundle: {e}") from None
     if not isinstance(bundle, dict) or bundle.get("schema") != BUNDLE_SCHEMA:
         raise ProofError(f"not a {BUNDLE_SCHEMA} bundle")
-    try:
-        leaf = str(bundle["record"]).encode("utf-8")
-        index, size = int(bundle["index"]), int(bundle["tree_size"])
-        proof = [bytes.fromhex(h) for h in bundle["inclusion_proof"]]
-        note = str(bundle["checkpoint"]).encode("utf-8")
-    except (KeyError, TypeError, ValueError) as e:
-        raise ProofError(f"malformed bundle: {e}") from e
+    leaf = _text_field(bundle, "record")
+    size = _int_field(bundle, "tree_size", 1, _MAX_SIZE)
+    index = _int_field(bundle, "index", 0, size - 1)
+    hashes = _field(bundle, "inclusion_proof")
+    if not isinstance(hashes, list):
+        raise ProofError(f'malformed bundle: "inclusion_proof" must be a JSON array, got {_brief(hashes)}')
+    if len(hashes) > _MAX_PROOF:
+        raise ProofError(
+            f'malformed bundle: "inclusion_proof" has {len(hashes)} hashes (at most {_MAX_PROOF})'
+        )
+    for i, h in enumerate(hashes):
+        if not isinstance(h, str) or not _HEX_HASH.fullmatch(h):
+            raise ProofError(
+                f'malformed bundle: "inclusion_proof"[{i}] must be 64 lower-case hex digits, got {_brief(h)}'
+            )
+    proof = [bytes.fromhex(h) for h in hashes]
+    note = _text_field(bundle, "checkpoint")
     try:
         cp = open_checkpoint(note, key_name_for(key_id_for(public_key)), public_key)
     except NoteError as e:

@@ -9,11 +9,21 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, get_args
 
-from semgov._internal import log
+from semgov._internal import log, strictjson
+from semgov._internal.strictjson import StrictJSONError
 from semgov.audit.merkle import ProofError
-from semgov.audit.query import Filter, is_event, parse_when, record_time, select, tally
+from semgov.audit.query import (
+    Filter,
+    count_of,
+    gates_of,
+    is_event,
+    parse_when,
+    record_time,
+    select,
+    tally,
+)
 from semgov.audit.store import AuditLogError, iter_records
-from semgov.audit.verify import make_bundle, verify_bundle, verify_log
+from semgov.audit.verify import make_bundle, read_bundle, verify_bundle, verify_log
 from semgov.errors import InputError
 from semgov.keys import load_public_key
 from semgov.models import ENGINE_EVENT_SCHEMA, GATES, EngineEventKind
@@ -121,9 +131,17 @@ def _filter(args: argparse.Namespace) -> Filter:
 def _decoded(directory: Path) -> Any:
     for i, leaf in iter_records(directory):
         try:
-            yield i, json.loads(leaf)
+            # NOTE: a record cannot nest deeper than it has brackets: only one with many goes
+            # through the strict reader (slower, but depth-limited); the rest stay on json.loads.
+            if leaf.count(b"[") + leaf.count(b"{") > strictjson.MAX_DEPTH:
+                rec = strictjson.loads(leaf)
+            else:
+                rec = json.loads(leaf)
         except ValueError as e:
             raise AuditLogError(f"record {i} is not JSON: {e}", source=str(directory)) from e
+        if not isinstance(rec, dict):
+            raise AuditLogError(f"record {i} is not a JSON object", source=str(directory))
+        yield i, rec
 
 
 def run_verify(args: argparse.Namespace) -> int:
@@ -170,7 +188,7 @@ def run_show(args: argparse.Namespace) -> int:
         elif event:
             # NOTE: an engine event: "event" in the decision column, its materialized tokens, and
             # kind, decision id and detail in the last column.
-            at, tokens = record_time(rec), rec.get("materialized_tokens", 0)
+            at, tokens = record_time(rec), count_of(rec, "materialized_tokens")
             req, donor = (str(rec.get(k) or "-")[:14] for k in ("request_id", "donor_id"))
             what = str(rec.get("kind"))
             if rec.get("decision_id") is not None:
@@ -180,11 +198,11 @@ def run_show(args: argparse.Namespace) -> int:
             out.write(f"{i:>7}  {at:<20}  {'event':<8}  {'-':<12}  {req:<14}  "
                       f"{donor:<14}  {tokens:>6}  {what}\n")  # fmt: skip
         else:
-            failed = ",".join(g["gate"] for g in rec.get("gates", []) if g.get("result") != "pass")
+            failed = ",".join(str(g.get("gate")) for g in gates_of(rec) if g.get("result") != "pass")
             at, tenant = str(rec.get("evaluated_at")), str(rec.get("tenant"))[:12]
             req, donor = str(rec.get("request_id"))[:14], str(rec.get("donor_id"))[:14]
-            tokens = rec.get("approved_tokens", 0)
-            out.write(f"{i:>7}  {at:<20}  {rec.get('decision'):<8}  {tenant:<12}  {req:<14}  "
+            tokens, decision = count_of(rec, "approved_tokens"), str(rec.get("decision"))[:8]
+            out.write(f"{i:>7}  {at:<20}  {decision:<8}  {tenant:<12}  {req:<14}  "
                       f"{donor:<14}  {tokens:>6}  {failed}\n")  # fmt: skip
         n += 1
         events += event
@@ -235,8 +253,10 @@ def run_prove(args: argparse.Namespace) -> int:
 def run_verify_proof(args: argparse.Namespace) -> int:
     key = load_public_key(args.pubkey)
     try:
-        bundle = json.loads(args.bundle.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+        bundle = read_bundle(args.bundle.read_bytes())
+    except OSError as e:
+        raise InputError(f"cannot read proof bundle: {e.strerror}", source=str(args.bundle)) from e
+    except StrictJSONError as e:  # duplicate keys, NaN, deep nesting, not UTF-8, ...
         raise InputError(f"cannot read proof bundle: {e}", source=str(args.bundle)) from e
     try:
         rec = verify_bundle(bundle, key)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 from semgov._internal import log
 from semgov.errors import InputError, SignatureError
 from semgov.keys import load_public_key
-from semgov.records import verify_record
+from semgov.records import verify_record_json
 
 
 def register(sub: Any) -> None:
@@ -41,12 +40,9 @@ def run(args: argparse.Namespace) -> int:
             if not raw.strip():
                 continue
             try:
-                rec = json.loads(raw)
-                if not isinstance(rec, dict):
-                    raise SignatureError("not a JSON object")
-                verify_record(rec, key)
+                verify_record_json(raw, key)
                 good += 1
-            except (ValueError, SignatureError) as e:
+            except SignatureError as e:
                 bad += 1
                 logger.error(f"{name}:{n}: {e}")
     print(f"{good + bad} records: {good} valid, {bad} invalid")
