@@ -5,7 +5,7 @@ Measures, per request, with the test harness's real pools, allocator and tree (t
 - ``exact``: ``match_prefix`` of a request without a context (SGLang's exact match plus the key
   derivation): the floor;
 - ``decide``: the first round of a recipient with one candidate: exact match, provider query,
-  semgov decision (facts, ten gates, signing; the audit append only queues), the donor pin;
+  semgov decision (facts, ten gates, signing; the audit append only queues; nothing is pinned);
 - ``repeat``: a later scheduling round of the same waiting request (decision cached: re-plan only);
 - ``realize``: admission (``init_load_back``): re-match and verify the donor, allocate, copy and
   re-rotate the evidence K/V (a tiny 2-layer, 2-head pool on CPU: the copy cost on a GPU pool is

@@ -5,9 +5,9 @@ Usage: python benchmarks/hostile.py [--budget 100000] [--seed 20261129] [--targe
 
 Targets (``benchmarks/hostile_targets.py``; share of the budget in brackets):
 
-- ``captured`` [22%]: captured-request lines through ``read_captured`` and the evaluator, as
+- ``captured`` [20%]: captured-request lines through ``read_captured`` and the evaluator, as
   ``semgov check`` runs them;
-- ``provenance`` [16%]: the same entry point, mutating candidates' signed provenance (payloads,
+- ``provenance`` [14%]: the same entry point, mutating candidates' signed provenance (payloads,
   signatures, key ids; re-signed by trusted, revoked, rogue and unknown keys);
 - ``records`` [8%]: decision records and engine events (``semgov verify-decision``,
   ``verify_engine_event``, the audit verifier's per-leaf check);
@@ -18,7 +18,11 @@ Targets (``benchmarks/hostile_targets.py``; share of the budget in brackets):
   engine and regorus through ``Evaluator.decide``);
 - ``audit_log`` [6%]: audit log directories (``verify_log``, ``AuditLog.open`` + append + close);
 - ``checkpoint`` [7%]: signed checkpoint notes (``open_checkpoint``);
-- ``bundle`` [7%]: proof bundles (``semgov audit verify-proof``'s read and ``verify_bundle``).
+- ``bundle`` [7%]: proof bundles (``semgov audit verify-proof``'s read and ``verify_bundle``);
+- ``context`` [4%]: gateway context tokens in the SGLang hook's ``extra_key``
+  (``parse_context_token`` with the request's ``lora_id``, then ``scope`` / ``cache_key`` and
+  ``anonymous_cache_key`` with its ``cache_salt``): re-MACed adversarial payloads, wrong keys,
+  MAC surgery, non-ASCII and lone surrogates anywhere, LoRA suffix mismatches, non-str values.
 
 Engines (``benchmarks/hostile_run.py``), per target: about 45% ``random`` (the seeds themselves,
 then a seeded ``random.Random`` driving structure-aware mutators: field deletion and duplication,
@@ -27,7 +31,8 @@ controls and lone surrogates, huge strings, deep nesting, re-signing with the wr
 and token surgery on YAML, Rego and notes, byte damage), 20% ``hypothesis`` (the same
 mutators with every choice drawn by Hypothesis from ``st.data()``, fixed seed, generate phase
 only) and 35% ``atheris`` (libFuzzer byte mutation over the seeds as a corpus, with a per-format
-dictionary, coverage-guided by atheris's instrumentation of ``semgov``, ``-runs=N -seed=S``).
+dictionary, coverage-guided by atheris's instrumentation of ``semgov`` and the hook's context
+parser, ``-runs=N -seed=S``).
 Without atheris installed its share goes to ``random``. The table says how many inputs each
 engine produced.
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import hmac
 import json
 import math
 import re
@@ -597,3 +598,124 @@ def judge_policy_yaml(data: Any) -> list[str]:  # noqa: C901
         },
     )
     return p
+
+
+# ---- gateway context tokens (docs/sglang.md, "The gateway contract") --------------------------------------
+
+CONTEXT_MAX_TOKEN_CHARS = 16384
+CONTEXT_MAX_LORA_CHARS = 256
+_CONTEXT_TOKEN = re.compile(r"semgov1\.([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]{43})")
+_CONTEXT_ID = re.compile(r"[!-~]{1,128}")
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+_CONTEXT_FIELDS = {"tenant", "namespace", "task", "response_contract", "segments"}
+
+
+@dataclass
+class ContextJudgement:
+    """What the oracle makes of one ``(extra_key, lora_id)``: problems, else the context it holds."""
+
+    problems: list[str]
+    context: tuple[Any, ...] | None = None  # (tenant, namespace, task, contract, segments, lora_id)
+
+
+def _plain_text(v: object) -> str | None:
+    """The text of a str (a subclass's too, read without calling any of its methods), else None."""
+    return "".join((v,)) if issubclass(type(v), str) else None  # type: ignore[arg-type]
+
+
+def _task_problems(v: Any) -> list[str]:
+    if not isinstance(v, dict) or set(v) != {"id", "version"}:
+        return ["task is not an object with exactly id, version"]
+    return [f"task.{k}: not a string of 1..512 characters" for k in ("id", "version")
+            if not (isinstance(v[k], str) and 1 <= len(v[k]) <= 512)]  # fmt: skip
+
+
+def judge_context(extra_key: object, lora_id: object, key: bytes) -> ContextJudgement:
+    """Judge an ``extra_key`` and the request's server-side ``lora_id`` against the gateway contract.
+
+    Valid iff: ``extra_key`` is the token followed by exactly ``lora_id`` (nothing without one); the
+    token is ``semgov1.<P>.<M>`` within 16,384 characters, ``M`` the unpadded base64url of
+    HMAC-SHA256(key, "semgov1." + P), ``P`` canonical unpadded base64url of UTF-8 bytes that are
+    strict JSON and exactly their own RFC 8785 form, of an object with the documented members.
+    """
+    text, lora = _plain_text(extra_key), _plain_text(lora_id)
+    if text is None:
+        return ContextJudgement(["extra_key is not a string"])
+    if lora is None and lora_id is not None:
+        return ContextJudgement(["lora_id is not a string"])
+    if lora is not None and len(lora) > CONTEXT_MAX_LORA_CHARS:
+        return ContextJudgement(["LoRA id too long"])
+    token = text
+    if lora:
+        if not text.endswith(lora):
+            return ContextJudgement(["extra_key does not end with the LoRA id"])
+        token = text[: len(text) - len(lora)]
+    if len(token) > CONTEXT_MAX_TOKEN_CHARS:
+        return ContextJudgement(["token too long"])
+    m = _CONTEXT_TOKEN.fullmatch(token)
+    if m is None:
+        return ContextJudgement(["not semgov1.<base64url>.<43 base64url characters> (and nothing after)"])
+    payload, mac = m.group(1), m.group(2)
+    want = hmac.new(key, ("semgov1." + payload).encode("ascii"), hashlib.sha256).digest()
+    if mac != base64.urlsafe_b64encode(want).decode("ascii").rstrip("="):
+        return ContextJudgement(["MAC does not verify"])
+    try:
+        raw = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
+    except (binascii.Error, ValueError):
+        return ContextJudgement(["payload is not base64url"])
+    if base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=") != payload:
+        return ContextJudgement(["payload is non-canonical base64url"])
+    try:
+        doc_text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return ContextJudgement(["payload is not UTF-8"])
+    rd = read_json(doc_text)
+    if rd.problems:
+        return ContextJudgement([f"payload: {rd.problems[0]}"])
+    doc = rd.value
+    if canonical(doc) != raw:
+        return ContextJudgement(["payload is not its RFC 8785 form"])
+    if not isinstance(doc, dict):
+        return ContextJudgement(["payload is not an object"])
+    probs: list[str] = []
+    if set(doc) - _CONTEXT_FIELDS:
+        probs.append("unknown member")
+    if not {"tenant", "namespace", "task", "response_contract"} <= set(doc):
+        probs.append("member missing")
+    for name in ("tenant", "namespace"):
+        if not (isinstance(doc.get(name), str) and _CONTEXT_ID.fullmatch(doc[name])):
+            probs.append(f"{name} is not 1..128 printable ASCII without spaces")
+    probs += _task_problems(doc.get("task"))
+    rc = doc.get("response_contract")
+    if not isinstance(rc, dict) or set(rc) != {"id", "schema_sha256"}:
+        probs.append("response_contract is not an object with exactly id, schema_sha256")
+    else:
+        if not (isinstance(rc["id"], str) and 1 <= len(rc["id"]) <= 512):
+            probs.append("response_contract.id: not a string of 1..512 characters")
+        if not (isinstance(rc["schema_sha256"], str) and _SHA256_HEX.fullmatch(rc["schema_sha256"])):
+            probs.append("response_contract.schema_sha256: not 64 lower-case hex digits")
+    segments = None
+    if "segments" in doc:
+        segs = doc["segments"]
+        if not isinstance(segs, list) or not segs:
+            probs.append("segments is not a non-empty list")
+        else:
+            pos, out = 0, []
+            for i, s in enumerate(segs):
+                if not (isinstance(s, list) and len(s) == 3 and isinstance(s[0], str) and s[0] in ROLES):
+                    probs.append(f"segment {i} is not [role, start, end]")
+                    break
+                st, en = s[1], s[2]
+                if type(st) is not int or type(en) is not int:
+                    probs.append(f"segment {i} bounds are not integers")
+                    break
+                if st != pos or en <= st:
+                    probs.append(f"segments do not tile (segment {i})")
+                    break
+                out.append((s[0], st, en))
+                pos = en
+            segments = tuple(out)
+    if probs:
+        return ContextJudgement(probs)
+    ctx = (doc["tenant"], doc["namespace"], dict(doc["task"]), dict(rc), segments, lora)
+    return ContextJudgement([], ctx)

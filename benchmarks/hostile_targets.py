@@ -64,6 +64,7 @@ from benchmarks.hostile_oracle import (
     canonical,
     ed25519_from_pem,
     ed25519_ok,
+    judge_context,
     judge_line,
     judge_policy_yaml,
     note_authentic,
@@ -332,7 +333,7 @@ class CapturedTarget(Target):
     """
 
     name = "captured"
-    share = 0.22
+    share = 0.20
 
     def seeds(self) -> list[bytes]:
         lines = self.ctx.example_lines
@@ -474,7 +475,7 @@ class ProvenanceTarget(CapturedTarget):
     """
 
     name = "provenance"
-    share = 0.16
+    share = 0.14
 
     def seeds(self) -> list[bytes]:
         return [s for s in super().seeds() if json.loads(s)["candidates"]]
@@ -989,7 +990,7 @@ class YamlPolicyTarget(Target):
 
     def seeds(self) -> list[bytes]:
         base = (POLICY_YAML_DIR / "policy.yaml").read_bytes()
-        gpu = (ROOT / "engine_hooks" / "sglang" / "gpu_model" / "policy" / "policy.yaml").read_bytes()
+        gpu = (ROOT / "tests" / "sglang_server" / "policy" / "policy.yaml").read_bytes()
         extra = base + (
             b"\naccepted_policy_versions: [default@0]\nnamespace:\n  sharing:\n"
             b"    - donor: research/common\n      recipients: [research/*]\n"
@@ -1999,6 +2000,452 @@ def _same_int(x: Any, want: int) -> bool:
     return False
 
 
+# ---- gateway context tokens (the SGLang hook's extra_key) ----------------------------------------------
+
+CONTEXT_KEY = b"semgov-hostile-campaign-context-key-01"
+CONTEXT_WRONG_KEY = b"semgov-hostile-campaign-context-key-02"
+CONTEXT_LORA = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"  # what SGLang's lora_id looks like (uuid hex)
+_SEP = b"\x1f"
+_B64URL_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+_CONTEXT_CHARS = ("\udcff", "\ud800", "\udfff", "\ud83d", "\u00e9", "\u202e", "\x00", "\U0001f600", "\ufeff",
+                  " ", "\n", "\u0430", ".", "=", "+", "/", "\x1f")  # fmt: skip
+
+
+class HostileStr(str):
+    """A str subclass whose methods all raise: the parser must read it as plain text."""
+
+    def __len__(self) -> int:
+        raise RuntimeError("HostileStr.__len__ called")
+
+    def __getitem__(self, i: Any) -> str:
+        raise RuntimeError("HostileStr.__getitem__ called")
+
+    def startswith(self, *a: Any) -> bool:  # type: ignore[override]
+        raise RuntimeError("HostileStr.startswith called")
+
+    def endswith(self, *a: Any) -> bool:  # type: ignore[override]
+        raise RuntimeError("HostileStr.endswith called")
+
+    def encode(self, *a: Any, **k: Any) -> bytes:  # type: ignore[override]
+        raise RuntimeError("HostileStr.encode called")
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("HostileStr.__eq__ called")
+
+    def __str__(self) -> str:
+        raise RuntimeError("HostileStr.__str__ called")
+
+    __hash__ = str.__hash__
+
+
+class FakeStr:
+    """Not a str, but claims to be one (``__class__``), and its repr raises."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # noqa: N802
+        return str
+
+    def __repr__(self) -> str:
+        raise RuntimeError("FakeStr.__repr__ called")
+
+
+def _odd_object(spec: Any) -> Any:
+    name, arg = (spec[0], spec[1]) if isinstance(spec, list) and len(spec) == 2 else ("object", "")
+    arg = arg if isinstance(arg, str) else ""
+    if name == "hostile_str":
+        return HostileStr(arg)
+    if name == "fake_str":
+        return FakeStr()
+    if name == "bytearray":
+        return bytearray(encode(arg))
+    if name == "deep":
+        deep: list[Any] = []
+        for _ in range(50_000):
+            deep = [deep]
+        return deep
+    return object()
+
+
+def ctx_decode(data: bytes) -> tuple[Any, Any, Any]:
+    """``(extra_key, lora_id, cache_salt)`` of an input ``extra_key \\x1f lora_id \\x1f cache_salt``.
+
+    Total over bytes. A field is text (UTF-8, lone surrogates in their 3-byte forms; undecodable
+    bytes become lone surrogates by ``surrogateescape``) unless its first byte is a tag: ``\\x00``
+    None, ``\\x02`` + hex bytes, ``\\x03`` + a JSON value (numbers, lists, escaped surrogates),
+    ``\\x04`` + JSON ``[name, text]`` an odd object (a :class:`HostileStr`, a :class:`FakeStr`, a
+    bytearray, deep nesting, ``object()``). A missing LoRA id or salt field is None.
+    """
+    parts = data.split(_SEP, 2)
+    out: list[Any] = []
+    for f in parts:
+        tag, rest = f[:1], f[1:]
+        if tag == b"\x00":
+            out.append(None)
+        elif tag == b"\x02":
+            try:
+                out.append(bytes.fromhex(rest.decode("ascii")))
+            except ValueError:
+                out.append(bytes(rest))
+        elif tag in (b"\x03", b"\x04"):
+            try:
+                v = json.loads(rest.decode("utf-8", "surrogatepass"))
+            except (ValueError, RecursionError):
+                v = _text(rest)
+            out.append(_odd_object(v) if tag == b"\x04" else v)
+        else:
+            out.append(_text(f))
+    while len(out) < 3:
+        out.append(None)
+    return out[0], out[1], out[2]
+
+
+def _text(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", "surrogateescape")
+
+
+def ctx_encode(extra_key: Any, lora_id: Any, cache_salt: Any) -> bytes:
+    """The input that :func:`ctx_decode` reads back as these three values."""
+
+    def field(v: Any) -> bytes:
+        if v is None:
+            return b"\x00"
+        if isinstance(v, HostileStr):
+            return b"\x04" + json.dumps(["hostile_str", "".join((v,))]).encode()
+        if isinstance(v, FakeStr):
+            return b'\x04["fake_str", ""]'
+        if type(v) is bytearray:
+            return b"\x04" + json.dumps(["bytearray", v.decode("utf-8", "surrogateescape")]).encode()
+        if type(v) is str:
+            if (v and v[0] in "\x00\x02\x03\x04") or "\x1f" in v:
+                return b"\x03" + json.dumps(v).encode()
+            return encode(v)
+        if type(v) is bytes:
+            return b"\x02" + v.hex().encode()
+        try:
+            return b"\x03" + json.dumps(v).encode()
+        except (TypeError, ValueError, RecursionError):
+            return b'\x04["object", ""]'
+
+    return field(extra_key) + _SEP + field(lora_id) + _SEP + field(cache_salt)
+
+
+def _b64u(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def _context_mac(payload: str, key: bytes = CONTEXT_KEY) -> str:
+    import hmac
+
+    return _b64u(hmac.new(key, ("semgov1." + payload).encode("ascii", "replace"), hashlib.sha256).digest())
+
+
+def _context_token(raw: bytes, key: bytes = CONTEXT_KEY) -> str:
+    """A token over any payload bytes, MACed with ``key`` (what a buggy or hostile gateway could send)."""
+    payload = _b64u(raw)
+    return "semgov1." + payload + "." + _context_mac(payload, key)
+
+
+def _key_shape(k: Any, prefix: str) -> bool:
+    return (
+        type(k) is str
+        and k.startswith(prefix)
+        and re.fullmatch(r"[0-9a-f]{32}", k[len(prefix) :]) is not None
+    )
+
+
+class ContextTarget(Target):
+    """Gateway context tokens through ``parse_context_token`` (the SGLang hook's ``extra_key``), then
+    ``scope`` / ``cache_key`` of an accepted context and ``anonymous_cache_key`` of every input.
+
+    An input is ``extra_key \\x1f lora_id \\x1f cache_salt`` (:func:`ctx_decode`: text, or a tagged
+    None, bytes, JSON value or odd object), so that any value the hook could be handed comes from
+    bytes. The documented failure is ``ContextError`` (with a message) and nothing else; the key
+    helpers never raise and return ``semgov:`` / ``semgov:anon:`` + 32 hex, scope and tree key
+    apart, another cache salt giving another tree key. Oracle (``judge_context``): the MAC
+    recomputed with ``hmac``, canonical base64url, strict JSON that is exactly its RFC 8785 form,
+    the documented members checked by hand, the text after the MAC equal to the LoRA id. An accept
+    of anything else, or a context other than the oracle's reading, is an allow; a refusal of a
+    token the oracle finds valid counts as a crash (a wrong answer is not a documented error).
+    """
+
+    name = "context"
+    share = 0.04
+    max_len = 40000
+
+    def seeds(self) -> list[bytes]:
+        from engine_hooks.sglang.context import make_context_token
+
+        task, contract = {"id": "qa", "version": "1"}, {"id": "answer-json", "schema_sha256": "a" * 64}
+
+        def tok(**over: Any) -> str:
+            args: dict[str, Any] = {"tenant": "acme", "namespace": "ns1", "task": task,
+                                    "response_contract": contract}  # fmt: skip
+            args.update(over)
+            return make_context_token(CONTEXT_KEY, **args)
+
+        a = tok(segments=[("system", 0, 10), ("evidence", 10, 30)])
+        b = tok(namespace="acme/q3-report")
+        c = tok(tenant="globex", namespace="research:common",
+                segments=[("system", 0, 256), ("evidence", 256, 3256), ("question", 3256, 3288)])  # fmt: skip
+        d = tok(tenant="t" * 128, namespace="!~" * 64, task={"id": "x" * 512, "version": "\u00e9\x00"},
+                segments=[("other", 0, 1)])  # fmt: skip
+
+        # The largest valid token: one-token segments up to the length limit (measured by hand, since
+        # make_context_token refuses a longer one).
+        def length(n: int) -> int:
+            doc = {"namespace": "ns1", "response_contract": contract, "task": task, "tenant": "acme",
+                   "segments": [["other", i, i + 1] for i in range(n)]}  # fmt: skip
+            return len(_context_token(canonical(doc) or b""))
+
+        lo, hi = 1, 4096
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if length(mid) <= 16384 else (lo, mid)
+        big = tok(segments=[("other", i, i + 1) for i in range(lo)])
+        return [
+            ctx_encode(a, None, None),
+            ctx_encode(a + CONTEXT_LORA, CONTEXT_LORA, None),
+            ctx_encode(b, None, "salt-1"),
+            ctx_encode(b + "adapter-v2", "adapter-v2", ""),
+            ctx_encode(c, None, None),
+            ctx_encode(c + CONTEXT_LORA, CONTEXT_LORA, "tenant-salt"),
+            ctx_encode(d, None, None),
+            ctx_encode(a, "", None),
+            ctx_encode(big, None, None),
+        ]
+
+    def dictionary(self) -> list[bytes]:
+        return [b"semgov1.", b".", _SEP, b"\x00", b"\x02", b"\x03", b"\x04", b"\xed\xa0\x80",
+                b"\xed\xbf\xbf", b"\xc3\xa9", b"\xff", b"=", b"-", b"_", b"+", b"/", CONTEXT_LORA.encode(),
+                b'["hostile_str", "', b'["fake_str", ""]', b"eyJ", b"fQ", b"A" * 43]  # fmt: skip
+
+    def mutate(self, ch: Chooser) -> bytes:  # noqa: C901 - one mutation family per branch
+        extra, lora, salt = ctx_decode(ch.pick(self.seed_list))
+        suffix = lora or ""
+        token = extra[: len(extra) - len(suffix)] if suffix else extra
+        _, payload, mac = token.split(".")
+        doc = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        k = ch.int(0, 17)
+        if k <= 1:  # the campaign's generic text surgery, on extra_key as sent
+            extra, _ = mutate_text(
+                ch, extra, _CONTEXT_CHARS, ("semgov1.", ".", "=", "-", "_", CONTEXT_LORA, mac)
+            )
+        elif k == 2:
+            data = ctx_encode(extra, lora, salt)
+            for _ in range(ch.int(1, 4)):
+                data, _ = mutate_bytes(ch, data)
+            return data
+        elif k <= 5:  # the payload mutated structurally, then MACed with the right key (mostly)
+            tree, _ = mutate_json(ch, doc)
+            text = dumps(tree, ascii_only=ch.chance(0.3), compact=ch.chance(0.8))
+            raw = encode(text)
+            if ch.chance(0.4):  # well-formed: the canonical form of what a reader makes of it
+                try:
+                    raw = canonical(json.loads(text)) or raw
+                except (ValueError, RecursionError):
+                    pass
+            key = CONTEXT_KEY if ch.chance(0.9) else CONTEXT_WRONG_KEY
+            extra = _context_token(raw, key) + suffix
+        elif k <= 8:  # adversarial but well-formed edits, MACed with the right key
+            extra = self._adversarial(ch, doc) + suffix
+        elif k == 9:  # MAC surgery
+            extra = self._bad_mac(ch, token, payload, mac) + suffix
+        elif k == 10:  # non-ASCII characters and lone surrogates anywhere
+            c = ch.pick(_CONTEXT_CHARS) if ch.chance(0.7) else ch.hostile_text()[:8]
+            where = ch.int(0, 3)
+            if where == 0:
+                i = ch.int(0, len(extra))
+                extra = extra[:i] + c + extra[i:]
+            elif where == 1:  # in the adapter id, consistently: still a valid token
+                lora = (lora or "") + c
+                extra = token + lora
+            elif where == 2:  # in the adapter id only
+                lora = (lora or "") + c
+            else:
+                extra = extra + c
+        elif k == 11:  # the suffix against the request's adapter
+            extra, lora = ch.pick((
+                (token + CONTEXT_LORA, None), (token, CONTEXT_LORA), (token + "X", None),
+                (token + CONTEXT_LORA, "other-adapter"), (token + CONTEXT_LORA * 2, CONTEXT_LORA),
+                (token, token[-3:]), (token, ""), (token + "x", ""), (token + token, token),
+                (CONTEXT_LORA + token, CONTEXT_LORA), (token + "L" * 257, "L" * 257),
+                (token + "L" * 256, "L" * 256), (token + "." + mac, "." + mac), (token, mac),
+                (token + "\udcff", "\udcff"), (token + "\udcff", None),
+            ))  # fmt: skip
+        elif k == 12:  # values that are not str
+            odd = ch.pick((None, 7, 1.5, True, token.encode(), bytearray(token.encode()), [token],
+                           {"t": token}, FakeStr(), object(), HostileStr(token)))  # fmt: skip
+            which = ch.int(0, 2)
+            if which == 0:
+                extra = odd
+            elif which == 1:
+                lora = odd
+            else:
+                salt = odd
+        elif k == 13:  # the token's structure
+            extra = ch.pick((
+                "SEMGOV1." + token[8:], "semgov2." + token[8:], " " + token, token + "\n", token + token,
+                "semgov1." + payload, "semgov1." + payload + ".", "semgov1.." + mac,
+                token.replace(".", "..", 1),
+                "semgov1." + payload + "." + mac + "." + mac, "semgov1.", "semgov1", "",
+                self._repad(payload), self._noncanonical_payload(payload),
+                _context_token(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)) + b"\n"),
+                "semgov1." + payload.replace("-", "+").replace("_", "/") + "." + mac,
+            )) + suffix  # fmt: skip
+        elif k == 14:  # sizes
+            extra, lora = ch.pick((
+                (token + "x" * 16384, None), ("semgov1." + "A" * 100_000, None),
+                (token + suffix, "L" * 10**5),
+                (token + "\udcff" * 20000, None), ("\udcff" * 20000, None),
+                (_context_token(json.dumps({**doc, "tenant": "x" * 12000}).encode()), None),
+            ))  # fmt: skip
+        elif k == 15:  # the cache salt
+            salt = ch.pick(("", None, "\udcff", "s\x00", "x" * 100_000, ch.hostile_text(), 0, [], b"salt"))
+        elif k == 16:  # str subclasses whose methods raise
+            extra = HostileStr(extra)
+            if lora is not None and ch.chance(0.5):
+                lora = HostileStr(lora)
+            if ch.chance(0.5):
+                salt = HostileStr(salt or "s")
+        else:  # another seed's MAC or payload
+            other, _, _ = ctx_decode(ch.pick(self.seed_list))
+            o = other.split(".")
+            extra = ch.pick(("semgov1." + payload + "." + o[2][:43], "semgov1." + o[1] + "." + mac)) + suffix
+        return ctx_encode(extra, lora, salt)
+
+    def _adversarial(self, ch: Chooser, doc: dict[str, Any]) -> str:
+        d = copy.deepcopy(doc)
+        k = ch.int(0, 9)
+        if k == 0:
+            d[ch.pick(("admin", "lora_id", "cache_salt", "Tenant", "tenant ", ""))] = ch.pick(
+                (True, "x", None)
+            )
+        elif k == 1:
+            d[ch.pick(("tenant", "namespace"))] = ch.pick((
+                "acme\x00ns1", "acme.ns1", "acme:ns1", "acme/ns1", "acme ns1", "acme\u200b", "ACME",
+                "\u0430cme",
+                "a" * 129, "a" * 128, "", 5, None, ["acme"], "acme\n", "\x7f", "~!",
+            ))  # fmt: skip
+        elif k == 2:
+            d["task"] = ch.pick((
+                {"id": "qa"}, {"id": "qa", "version": "1", "x": 1}, {"id": "", "version": "1"},
+                {"id": "x" * 513, "version": "1"}, {"id": "x" * 512, "version": "1"},
+                {"id": "q\x00a", "version": "1"},
+                {"id": 1, "version": "1"}, "qa@1", None, {"id": "\U0001f600", "version": "\u00e9"},
+            ))  # fmt: skip
+        elif k == 3:
+            d["response_contract"] = {"id": "c", "schema_sha256": ch.pick((
+                "A" * 64, "a" * 63, "a" * 65, "a" * 64 + "\n", "g" * 64, "a" * 64 + " ", "\u0430" * 64, 64,
+            ))}  # fmt: skip
+        elif k == 4:
+            d["segments"] = ch.pick((
+                None, [], [["system", 0, 10], ["evidence", 11, 30]], [["system", 0, 10], ["evidence", 9, 30]],
+                [["system", 0, 0]], [["boss", 0, 1]], [["system", -1, 1]], [["system", 0, 1.5]],
+                [["system", 0, True]], [["system", "0", "1"]], [["system", 0, 1, 2]], [["system", 1, 2]],
+                [{"role": "system", "start": 0, "end": 1}], [["system", 0, 2**53 - 1]],
+                [["system", 0, 2**53 + 1]],
+                [["System", 0, 1]], [[None, 0, 1]], [["system", 0, 10], ["system", 10, 5]], "system",
+            ))  # fmt: skip
+        elif k == 5:  # huge values (mostly over the token length limit)
+            d[ch.pick(("tenant", "namespace"))] = "x" * ch.pick((129, 12000))
+            if ch.chance(0.5):
+                d["segments"] = [["other", i, i + 1] for i in range(ch.pick((100, 3000)))]
+        elif k == 6:  # non-canonical JSON of a valid context
+            text = ch.pick((
+                json.dumps(d), json.dumps(d, sort_keys=True), json.dumps(d, sort_keys=True, indent=1),
+                json.dumps(d, separators=(",", ":")),
+                json.dumps(d, sort_keys=True, separators=(",", ":")).replace('"acme"', '"\\u0061cme"'),
+                json.dumps(d, sort_keys=True, separators=(",", ":")).replace(",0,", ",0.0,"),
+                json.dumps(d, sort_keys=True, separators=(",", ":")).replace(",10]", ",1e1]"),
+                json.dumps(d, sort_keys=True, separators=(",", ":")) + " ",
+                "\ufeff" + json.dumps(d, sort_keys=True, separators=(",", ":")),
+                json.dumps(d, sort_keys=True, separators=(",", ":"))[:-1] + ',"tenant":"globex"}',
+            ))  # fmt: skip
+            return _context_token(encode(text))
+        elif k == 7:  # another valid context
+            d.update(
+                tenant=ch.pick(("globex", "t", "a" * 128)), namespace=ch.pick(("ns2", "x/y/z", "*", ".."))
+            )
+        elif k == 8:  # the payload in another encoding
+            text = json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            return _context_token(
+                text.encode(ch.pick(("utf-16", "utf-16-le", "utf-32", "latin-1")), "replace")
+            )
+        else:
+            d.pop(ch.pick(sorted(d)))
+        raw = canonical(d)
+        if raw is None or ch.chance(0.1):
+            raw = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+        return _context_token(raw)
+
+    @staticmethod
+    def _bad_mac(ch: Chooser, token: str, payload: str, mac: str) -> str:
+        last = _B64URL_ALPHABET.index(mac[-1])
+        return "semgov1." + payload + "." + ch.pick((
+            mac[:-1], mac + "A", mac[:-1] + _B64URL_ALPHABET[(last + 4) % 64], _B64URL_ALPHABET[0] + mac[1:],
+            mac[:-1] + _B64URL_ALPHABET[last ^ 0b11],  # the same bytes, spare bits set
+            mac + "=", mac.lower(), mac.upper(), mac.replace("-", "+").replace("_", "/"), "",
+            _context_mac(payload, CONTEXT_WRONG_KEY), _context_mac(payload + "A"), "A" * 43, mac[::-1],
+            base64.urlsafe_b64encode(base64.urlsafe_b64decode(mac + "=")).decode(),
+        ))  # fmt: skip
+
+    @staticmethod
+    def _repad(payload: str) -> str:
+        padded = payload + "=" * (-len(payload) % 4)
+        return "semgov1." + padded + "." + _context_mac(padded)
+
+    @staticmethod
+    def _noncanonical_payload(payload: str) -> str:
+        spare = {2: 0b1111, 3: 0b11}.get(len(payload) % 4, 0)
+        last = _B64URL_ALPHABET.index(payload[-1])
+        other = payload[:-1] + _B64URL_ALPHABET[last | spare] if spare else payload + "A"
+        return "semgov1." + other + "." + _context_mac(other)
+
+    def run(self, data: bytes) -> Verdict:
+        from engine_hooks.sglang.context import ContextError, anonymous_cache_key, parse_context_token
+
+        v = Verdict()
+        extra, lora, salt = ctx_decode(data)
+        anon = call(anonymous_cache_key, CONTEXT_KEY, extra, lora, salt, label="anonymous_cache_key")
+        if not _key_shape(anon, "semgov:anon:"):
+            v.crashes.append("anonymous key is not semgov:anon: + 32 hex")
+        got = call(
+            parse_context_token, CONTEXT_KEY, extra, lora_id=lora, allowed=(ContextError,),
+            label="parse_context_token",
+        )  # fmt: skip
+        j = judge_context(extra, lora, CONTEXT_KEY)
+        if isinstance(got, ContextError):
+            msg = str(got)
+            v.reasons.append(norm(msg))
+            if not msg.strip():
+                v.crashes.append("ContextError without a message")
+            if not j.problems:
+                v.crashes.append(f"refused a valid token: {norm(msg)}")
+            return v
+        v.accepted = True
+        if j.problems:
+            v.allows.append(f"accepted an invalid context token: {_kind(j.problems[0])}")
+            return v
+        mine = (got.tenant, got.namespace, got.task, got.response_contract, got.segments, got.lora_id)
+        if mine != j.context:
+            v.allows.append("parsed context differs from the token's")
+        scope = call(got.scope, CONTEXT_KEY, salt, label="RequestContext.scope")
+        tree = call(got.cache_key, CONTEXT_KEY, salt, label="RequestContext.cache_key")
+        if not (_key_shape(scope, "semgov:") and _key_shape(tree, "semgov:")):
+            v.crashes.append("scope or tree key is not semgov: + 32 hex")
+        if len({scope, tree, anon}) != 3:
+            v.crashes.append("scope, tree key and anonymous key are not distinct")
+        plain_salt = salt if type(salt) is str else None
+        if salt is None or plain_salt is not None:
+            other = (plain_salt + "\x00") if plain_salt else "another-salt"
+            if call(got.cache_key, CONTEXT_KEY, other, label="RequestContext.cache_key") == tree:
+                v.crashes.append("another cache salt gives the same tree key")
+        return v
+
+
 TARGETS: dict[str, type[Target]] = {
     t.name: t
     for t in (
@@ -2012,5 +2459,6 @@ TARGETS: dict[str, type[Target]] = {
         AuditLogTarget,
         CheckpointTarget,
         BundleTarget,
+        ContextTarget,
     )
 }

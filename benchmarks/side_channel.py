@@ -540,7 +540,7 @@ class HookRig:
         )
 
     def clean(self) -> bool:
-        return not self.h.tree.states and self.h.tree.pins == 0
+        return not self.h.tree.live_states() and self.h.tree.pins == 0
 
     def close(self) -> None:
         self.h.close()

@@ -527,6 +527,85 @@ def test_bundle_deep_nesting_is_an_input_error(targets: dict[str, Target]) -> No
     assert _clean(targets["bundle"].run(b"[" * 100_000 + b"]" * 100_000))
 
 
+def _context_seed(t: Target, i: int = 0) -> tuple[Any, Any, Any]:
+    from benchmarks.hostile_targets import ctx_decode
+
+    return ctx_decode(t.seed_list[i])
+
+
+def test_context_hand_written(targets: dict[str, Target]) -> None:
+    """Surrogates, LoRA mismatches, a re-MACed extra field and non-str values: refused cleanly."""
+    from benchmarks.hostile_targets import CONTEXT_LORA, FakeStr, _context_token, ctx_encode
+
+    t = targets["context"]
+    tok, _, _ = _context_seed(t)
+    doc = json.loads(base64.urlsafe_b64decode(tok.split(".")[1] + "=="))
+    bad = [
+        (tok + "\udcff", None, None),
+        ("\udcff" + tok, None, None),
+        (tok[:30] + "\u00e9" + tok[30:], None, None),
+        (tok + "X", None, None),
+        (tok, CONTEXT_LORA, None),
+        (tok + CONTEXT_LORA, "other", None),
+        (_context_token(json.dumps({**doc, "admin": True}, sort_keys=True, separators=(",", ":")).encode()),
+         None, None),
+        (tok.encode(), None, None),
+        (FakeStr(), None, None),
+        (tok, 7, None),
+    ]  # fmt: skip
+    for extra, lora, salt in bad:
+        v = t.run(ctx_encode(extra, lora, salt))
+        assert _clean(v) and not v.accepted and v.reasons, (extra, lora, v)
+
+
+def test_context_hostile_str_is_its_text(targets: dict[str, Target]) -> None:
+    """A token in a str subclass whose methods raise is accepted like the plain token (no method called)."""
+    from benchmarks.hostile_targets import CONTEXT_LORA, HostileStr, ctx_encode
+
+    t = targets["context"]
+    tok, _, _ = _context_seed(t)
+    v = t.run(ctx_encode(HostileStr(tok + CONTEXT_LORA), HostileStr(CONTEXT_LORA), HostileStr("salt")))
+    assert _clean(v) and v.accepted, v
+
+
+def test_oracle_catches_a_context_parser_that_ignores_the_lora_binding(
+    targets: dict[str, Target], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With the old parser planted (text after the MAC kept, lora_id ignored), the campaign counts allows."""
+    import engine_hooks.sglang.context as context
+
+    real = context.parse_context_token
+
+    def lax(key: bytes, extra_key: object, *, lora_id: object = None) -> Any:
+        if isinstance(extra_key, str) and extra_key.count(".") >= 2:
+            head, payload, rest = extra_key.split(".", 2)
+            extra_key = f"{head}.{payload}.{rest[:43]}"
+        return real(key, extra_key)
+
+    monkeypatch.setattr(context, "parse_context_token", lax)
+    t = _campaign(targets["context"], 200, tmp_path)
+    assert t.allows > 5, _findings(t)
+    assert any("LoRA id" in k for k in t.kinds["allow"]), t.kinds["allow"]
+
+
+def test_oracle_catches_a_context_parser_that_raises_other_errors(
+    targets: dict[str, Target], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With a planted parser that ASCII-encodes extra_key first (the original bug), crashes are counted."""
+    import engine_hooks.sglang.context as context
+
+    real = context.parse_context_token
+
+    def ascii_first(key: bytes, extra_key: Any, *, lora_id: object = None) -> Any:
+        extra_key.encode("ascii")
+        return real(key, extra_key, lora_id=lora_id)
+
+    monkeypatch.setattr(context, "parse_context_token", ascii_first)
+    t = _campaign(targets["context"], 200, tmp_path)
+    assert any(k.startswith("UnicodeEncodeError") for k in t.kinds["crash"]), t.kinds["crash"]
+    assert any(k.startswith("AttributeError") for k in t.kinds["crash"]), t.kinds["crash"]
+
+
 # ---- the command -------------------------------------------------------------------------------------------
 
 

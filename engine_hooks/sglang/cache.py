@@ -2,27 +2,29 @@
 
 How a request flows through it (SGLang 0.5.23's scheduler calls, in order):
 
-1. ``match_prefix`` (every waiting request, every scheduling round). The first call replaces
-   ``req.extra_key`` with the server-side key derived from the request's verified context
-   (:mod:`engine_hooks.sglang.context`), so tenants and namespaces never share exact-prefix
-   nodes. The exact match runs as usual. When at least ``min_unmatched_tokens`` stay unmatched
-   and the request has a verified context, the candidate provider is asked for donors of the
-   same tenant and namespace and semgov decides each candidate, once per request: decisions
-   are cached in the request's state, and later rounds only re-plan from them. The chosen
-   donor (the allowed one covering most tokens) is pinned with a tree lock. The reusable run
-   (approved spans contiguous from the exact-match end, inside the donor's live KV,
-   page-aligned) is reported as a *host hit*: nothing is allocated here.
+1. ``match_prefix`` (every waiting request, every scheduling round). The first call gives the
+   request its server-side state (:class:`_State`, kept on SGLang's ``Req`` object itself) and
+   replaces ``req.extra_key`` with the key derived from the request's verified context
+   (:mod:`engine_hooks.sglang.context`: tenant, namespace, LoRA adapter and cache salt), so
+   tenants and namespaces never share exact-prefix nodes. The exact match runs as usual. When
+   at least ``min_unmatched_tokens`` stay unmatched and the request has a verified context, the
+   candidate provider is asked for donors of the same scope and semgov decides each live
+   candidate, once per request (retraction included). The reusable run of the best allowed
+   donor (approved spans contiguous from the exact-match end, inside the donor's live KV,
+   page-aligned) is reported as a *host hit*. Nothing is allocated or pinned here.
 2. ``init_load_back`` (admission, inside the scheduler's prefill adder, only when that request
-   is admitted): re-match the donor and check the pinned node and token identity against the
-   live donor slots, allocate fresh slots, copy the donor's K/V into them (keys re-rotated by
-   the position shift for shifted spans), unpin the donor, emit an audited engine event and run
-   the invariant guard. Any problem frees what was taken and returns 0: the request runs cold.
+   is admitted): re-match the donor, pin it for the duration of this call only, check token
+   identity against the live donor, allocate fresh slots (evicting if needed: the donor is
+   pinned), copy the donor's K/V into them on the scheduler's current stream (keys re-rotated
+   for shifted spans), unpin, audit, check the pool. Any problem frees what was taken and
+   returns 0: the request runs cold.
 3. ``prefix_device_indices`` (row allocation): the exact-match path followed by the realized
    slots, which from then on are rows of the request above ``cache_protected_len``
    (request-private, counted by SGLang as ``uncached``, freed with the row).
-4. ``on_release`` / ``release_aborted_request``: drop the request's state, unpin, free realized
-   slots that never reached a row, register a normally finished, never-reusing request with a
-   verified context as a donor, and run the guard.
+4. ``on_release`` / ``release_aborted_request``: a retracted request keeps its decisions (and may
+   be realized again, under the same decision, when it is re-admitted); a finished one drops its
+   state, and if it finished normally with a verified context and never received reused KV, it
+   is registered as a donor under a server-generated id.
 
 NOTE: invariants:
 - Reused KV is only ever *copied* into slots the recipient owns; donor slots are never adopted,
@@ -30,16 +32,22 @@ NOTE: invariants:
 - ``cache_protected_len`` stays at the exact-match length (``load_back_is_cache_owned`` is
   False), a recipient is flagged ``skip_radix_cache_insert`` (reuse-derived KV never enters the
   exact tree) and a recipient never becomes a donor.
-- ``match_prefix`` allocates nothing; the only thing it may take is the donor pin, and every
-  pin is released on realization, fallback, release, abort, reset or reuse being disabled.
-- Any error or doubt means no reuse for that request (cold prefill); an invariant violation
-  disables semantic reuse for the process (audited; raised when ``strict``).
+- Nothing is keyed by the client's ``rid``: per-request state lives on the ``Req`` object, donors
+  have server-generated ids, and ``rid`` only labels records (:func:`request_label`).
+- ``match_prefix`` allocates and pins nothing; the one donor pin exists only inside
+  ``init_load_back``.
+- Any error or doubt means no reuse for that request (cold prefill); no exception of the hook's
+  own leaves an SGLang entry point; an invariant violation disables semantic reuse for the
+  process (audited; raised when ``strict``).
 """
 
 from __future__ import annotations
 
-import bisect
+import itertools
+import secrets
+import weakref
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,92 +59,51 @@ from sglang.srt.mem_cache.common import evict_from_tree_cache
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-from engine_hooks.sglang.context import RequestContext, anonymous_cache_key
+from engine_hooks.sglang.context import KEY_PREFIX, RequestContext, anonymous_cache_key
 from engine_hooks.sglang.governor import DonorEntry, DonorSpec, Governor
 from engine_hooks.sglang.guard import InvariantGuard, InvariantViolation
 from engine_hooks.sglang.kv_copy import RopeSpec, copy_kv
+from engine_hooks.sglang.plan import Piece, plan_pieces, planned_tokens, request_label
 from semgov._internal.log import get_logger
 from semgov.decide import SignedDecision
 
-_IDENT_ATTR = "_semgov_ident"
-_RECIPIENT_ATTR = "_semgov_recipient"
+__all__ = ["GovernedRadixCache", "Piece", "RealizationError", "plan_pieces", "state_of"]
+
+_STATE_ATTR = "_semgov_state"
 
 
 class RealizationError(RuntimeError):
     """Why an allowed reuse was not realized (the request then runs cold)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Piece:
-    """A run of recipient positions realized from donor positions (shift = recipient - donor)."""
-
-    recipient_start: int
-    donor_start: int
-    length: int
-    kind: str
-
-
-def plan_pieces(
-    spans: list[dict[str, Any]], start: int, limit: int, donor_len: int, page_size: int
-) -> list[Piece]:
-    """The approved spans' positions contiguous from ``start``, cut at ``limit`` and at the donor's
-    live KV, and trimmed so that ``start + total`` stays page-aligned (pure)."""
-    ordered = sorted(spans, key=lambda s: int(s["recipient_start"]))
-    starts = [int(s["recipient_start"]) for s in ordered]
-    pieces: list[Piece] = []
-    p = start
-    while p < limit:
-        i = bisect.bisect_right(starts, p) - 1
-        if i < 0:
-            break
-        s = ordered[i]
-        rs, ds, n = int(s["recipient_start"]), int(s["donor_start"]), int(s["length"])
-        if not rs <= p < rs + n:
-            break
-        d = ds + (p - rs)
-        end = min(rs + n, limit, p + max(0, donor_len - d))
-        if end <= p:
-            break
-        pieces.append(Piece(p, d, end - p, str(s["kind"])))
-        p = end
-    keep = ((p - start) // page_size) * page_size
-    out: list[Piece] = []
-    for pc in pieces:
-        if keep <= 0:
-            break
-        n = min(pc.length, keep)
-        out.append(Piece(pc.recipient_start, pc.donor_start, n, pc.kind))
-        keep -= n
-    return out
-
-
-@dataclass(slots=True)
-class _Ident:
-    context: RequestContext | None
-    cache_key: str
-
-
 @dataclass(slots=True)
 class _State:
-    """Per-request semantic-reuse state (keyed by request id)."""
+    """Semantic-reuse state of one request, kept on its SGLang ``Req`` (server-side identity)."""
 
-    req: Any
+    serial: int
+    label: str
+    context: RequestContext | None
+    cache_key: str
+    cache_salt: str | None
     decided: bool = False
     decisions: list[SignedDecision] = field(default_factory=list)
     chosen: SignedDecision | None = None
     donor: DonorEntry | None = None
-    donor_node: Any = None
     donor_len: int = 0
-    pin: Any = None
+    durable: bool = False
+    recipient: bool = False
     private: torch.Tensor | None = None
     private_base: int = 0
     pieces: tuple[Piece, ...] = ()
+    src_slots: torch.Tensor | None = None
+    realizations: int = 0
+    retractions: int = 0
 
-    def pending(self) -> int:
-        """Realized slots the hook still holds (not yet written into the request's row)."""
-        if self.private is None or self.req.kv.holds_kv:
-            return 0
-        return int(self.private.numel())
+
+def state_of(req: Any) -> _State | None:
+    """The hook's state of an SGLang request (None before its first ``match_prefix``)."""
+    st: _State | None = getattr(req, _STATE_ATTR, None)
+    return st
 
 
 class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
@@ -144,21 +111,16 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
 
     gov: Governor | None = None
 
-    def attach(
-        self, governor: Governor, *, rope: RopeSpec | None, strict: bool, copy_stream: Any = None
-    ) -> None:
-        """Turn governance on (called once by the backend factory, after SGLang built the tree).
-
-        ``copy_stream``: the CUDA stream the model's forward passes run on. Realization copies are
-        enqueued on it, so they run after every forward already enqueued (which may still write
-        slots just freed and reallocated) and before the forward that reads them.
-        """
+    def attach(self, governor: Governor, *, rope: RopeSpec | None, strict: bool) -> None:
+        """Turn governance on (called once by the backend factory, after SGLang built the tree)."""
         self.gov = governor
-        self.copy_stream = copy_stream
         self.rope = rope
         self.strict = strict
-        self.states: dict[str, _State] = {}
-        self.live: dict[str, Any] = {}
+        self.boot = secrets.token_hex(4)
+        self._serials = itertools.count(1)
+        # NOTE: requests the hook has state for, by server-side serial; weak, so a request SGLang
+        # drops without telling the cache cannot keep its state (or the guard's view) alive.
+        self.reqs: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self.pins = 0
         self.reuse_disabled: str | None = None
         self.guard = InvariantGuard(self)
@@ -170,25 +132,55 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             "realizations": 0,
             "realized_tokens": 0,
             "fallbacks": 0,
+            "retractions": 0,
             "donors_registered": 0,
             "guard_checks": 0,
+            "hook_errors": 0,
         }
 
     # ---- identity --------------------------------------------------------------------------
 
-    def _ident(self, req: Any) -> _Ident:
-        ident: _Ident | None = getattr(req, _IDENT_ATTR, None)
-        if ident is None:
-            assert self.gov is not None
-            ctx = self.gov.context_of(req.extra_key)
+    def _state(self, req: Any) -> _State:
+        st = state_of(req)
+        if st is not None:
+            return st
+        assert self.gov is not None
+        serial = next(self._serials)
+        ctx: RequestContext | None = None
+        salt: str | None = None
+        try:
+            sent, lora = req.extra_key, getattr(req, "lora_id", None)
+            raw_salt = getattr(req, "cache_salt", None) or None
+            salt = raw_salt if isinstance(raw_salt, str) else None
             key = self.gov.context_key
-            derived = ctx.cache_key(key) if ctx is not None else anonymous_cache_key(key, req.extra_key)
-            ident = _Ident(ctx, derived)
-            setattr(req, _IDENT_ATTR, ident)
-            # NOTE: isolation by the cache key: whatever the caller sent, the exact tree is keyed
-            # server-side by tenant and namespace (or by an anonymous hash of what it sent).
-            req.extra_key = derived
-        return ident
+            ctx = self.gov.context_of(sent, lora)
+            derived = (
+                ctx.cache_key(key, salt) if ctx is not None else anonymous_cache_key(key, sent, lora, salt)
+            )
+        except Exception as e:  # noqa: BLE001 - a key that cannot be derived shares nothing
+            self._hook_error("context", None, e)
+            ctx, derived = None, f"{KEY_PREFIX}anon:isolated:{self.boot}-{serial}"
+        st = _State(serial, request_label(req.rid), ctx, derived, salt)
+        setattr(req, _STATE_ATTR, st)
+        self.reqs[serial] = req
+        # NOTE: isolation by the cache key: whatever the caller sent, the exact tree is keyed
+        # server-side by tenant, namespace, adapter and salt (or by a keyed hash of what it sent).
+        req.extra_key = derived
+        return st
+
+    def donor_id(self, st: _State) -> str:
+        """A donor's id: this process's boot id and the request's serial (never the client's rid)."""
+        return f"sglang-{self.boot}-{st.serial}"
+
+    def live_states(self) -> list[_State]:
+        """States of the requests the hook still tracks (waiting, running or retracted)."""
+        return [st for _, st in self._live()]
+
+    def _live(self) -> Iterator[tuple[Any, _State]]:
+        for req in list(self.reqs.values()):
+            st = state_of(req)
+            if st is not None:
+                yield req, st
 
     # ---- SGLang's calls ----------------------------------------------------------------------
 
@@ -196,20 +188,20 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         super().reset()
         if self.gov is None:
             return
-        for st in list(self.states.values()):
-            st.pin = None  # the tree that held the lock is gone
-            st.chosen = None
-            st.private = None
-        self.pins = 0
-        self.states.clear()
+        for _, st in self._live():
+            st.chosen = None  # the donors' KV is gone
+            st.private = None  # SGLang clears the allocator with the tree
         self.gov.forget_all_donors()
 
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
         req = params.req
         if self.gov is None or req is None:
             return super().match_prefix(params)
-        self.gov.drain_donors()
-        ident = self._ident(req)
+        try:
+            self.gov.drain_donors()
+        except Exception as e:  # noqa: BLE001 - a registry problem costs reuse, never the scheduler
+            self._hook_error("drain_donors", req, e)
+        st = self._state(req)  # NOTE: total: whatever the client sent, the request gets a key
         key = params.key
         if key.extra_key != req.extra_key:
             key = RadixKey(
@@ -221,12 +213,19 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             )
             params = MatchPrefixParams(key=key, cow_mamba=params.cow_mamba, req=req)
         result = super().match_prefix(params)
-        self.live[req.rid] = req
-        if self.reuse_disabled is not None or ident.context is None or req.kv.holds_kv:
+        try:
+            return self._govern_match(req, st, key, result)
+        except InvariantViolation:
+            raise
+        except Exception as e:  # noqa: BLE001 - any doubt: this request runs cold
+            self._hook_error("match_prefix", req, e)
+            self._drop_plan(st)
             return result
-        st = self.states.get(req.rid)
-        if st is None:
-            st = self.states[req.rid] = _State(req)
+
+    def _govern_match(self, req: Any, st: _State, key: RadixKey, result: MatchResult) -> MatchResult:
+        assert self.gov is not None
+        if self.reuse_disabled is not None or st.context is None or req.kv.holds_kv:
+            return result
         m = int(result.device_prefix_len)
         limit = min(len(key), len(req.origin_input_ids))
         if st.private is not None:
@@ -239,12 +238,10 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             if limit - m < self.gov.settings.min_unmatched_tokens:
                 return result
             st.decided = True
-            self._decide(st, ident.context, req, m, limit)
+            self._decide(st, req, m, limit)
         if st.chosen is None:
             return result
-        k = sum(
-            p.length for p in plan_pieces(st.chosen.approved_spans, m, limit, st.donor_len, self.page_size)
-        )
+        k = planned_tokens(st.chosen.approved_spans, m, limit, st.donor_len, self.page_size)
         if k == 0:
             return result
         return result._replace(
@@ -257,114 +254,135 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
     def init_load_back(self, params: InitLoadBackParams) -> tuple[int, Any]:
         req = params.req
         assert req is not None
-        st = self.states.get(req.rid) if self.gov is not None else None
+        st = state_of(req) if self.gov is not None else None
         if st is None or st.chosen is None or st.private is not None or self.reuse_disabled is not None:
             # NOTE: host hits only ever come from this hook (hierarchical caching is refused at build).
             return 0, req.last_node
-        return self._realize(st, req)
+        try:
+            return self._realize(st, req)
+        except InvariantViolation:
+            raise
+        except Exception as e:  # noqa: BLE001 - _realize handles its own failures; this is a bug
+            self._hook_error("init_load_back", req, e)
+            self._drop_plan(st)
+            return 0, req.last_node
 
     def load_back_is_cache_owned(self) -> bool:
         # NOTE: realized slots are the request's own: cache_protected_len stays at the exact match.
         return False
 
     def prefix_device_indices(self, req: Any) -> torch.Tensor:
-        st = self.states.get(req.rid) if self.gov is not None else None
+        st = state_of(req) if self.gov is not None else None
         if st is None or st.private is None or req.kv.holds_kv:
             base: torch.Tensor = super().prefix_device_indices(req)
             return base
         root = self.root_node_handle(req.extra_key)
         path = self.tree_core.collect_full_device_indices(req.last_node, root)[: st.private_base]
         out = torch.cat([path.to(torch.int64), st.private.to(torch.int64)])
-        assert len(out) == req.prefix_len, (req.rid, len(out), req.prefix_len)
+        assert len(out) == req.prefix_len, (st.label, len(out), req.prefix_len)
         return out
 
     def on_release(self, req: Any, *, checkpointed: bool) -> None:
         super().on_release(req, checkpointed=checkpointed)
         if self.gov is None:
             return
-        st = self.states.pop(req.rid, None)
-        self.live.pop(req.rid, None)
-        if st is not None:
-            # The row held the realized slots and release_kv_cache just freed it.
-            st.private = None
-            self._unpin(st)
-        ident: _Ident | None = getattr(req, _IDENT_ATTR, None)
+        st = state_of(req)
+        try:
+            if st is not None:
+                self._release_state(req, st, checkpointed)
+            self._check("release", st, exclude=req)
+        except InvariantViolation:
+            raise
+        except Exception as e:  # noqa: BLE001 - bookkeeping failed: stop reusing, keep serving
+            self._hook_error("on_release", req, e)
+            self._disable(f"on_release of request {st.label if st else '?'} failed: {type(e).__name__}: {e}")
+
+    def _release_state(self, req: Any, st: _State, checkpointed: bool) -> None:
+        assert self.gov is not None
+        st.private = None  # the row held the realized slots and release_kv_cache just freed them
+        if not req.finished():
+            # NOTE: a retracted request comes back with the same Req: it keeps its decisions (one
+            # request, one set of signed decisions) and may be realized again under them.
+            st.retractions += 1
+            self.stats["retractions"] += 1
+            return
+        self.reqs.pop(st.serial, None)
         if (
             checkpointed
-            and ident is not None
-            and ident.context is not None
-            and not getattr(req, _RECIPIENT_ATTR, False)
+            and st.context is not None
+            and not st.recipient
             and not isinstance(req.finished_reason, FINISH_ABORT)
             and self.reuse_disabled is None
         ):
             self.gov.submit_donor(
                 DonorSpec(
-                    request_id=str(req.rid),
-                    context=ident.context,
-                    cache_key=ident.cache_key,
+                    donor_id=self.donor_id(st),
+                    context=st.context,
+                    cache_key=st.cache_key,
+                    cache_salt=st.cache_salt,
                     token_ids=tuple(int(t) for t in req.origin_input_ids),
                     text=None,
                 )
             )
             self.stats["donors_registered"] += 1
-        self._check("release", req.rid)
 
     def release_aborted_request(self, request: Any) -> None:
         super().release_aborted_request(request)
         if self.gov is None:
             return
-        st = self.states.pop(request.rid, None)
-        req = self.live.get(request.rid)
-        if req is not None and not req.kv.holds_kv:
-            self.live.pop(request.rid, None)
-        if st is not None:
-            self._release_private(st)
-            self._unpin(st)
-        self._check("abort", request.rid)
+        try:
+            for req, st in self._live():
+                # NOTE: SGLang hands over the request's own handle object: identity, not its rid.
+                if getattr(req, "cache_request_handle", None) is not request:
+                    continue
+                self._release_private(st)
+                if not req.kv.holds_kv:
+                    self.reqs.pop(st.serial, None)  # aborted while waiting: no release follows
+            self._check("abort", None)
+        except InvariantViolation:
+            raise
+        except Exception as e:  # noqa: BLE001
+            self._hook_error("release_aborted_request", None, e)
 
     # ---- decisions ---------------------------------------------------------------------------
 
     def _donor_path(self, entry: DonorEntry) -> tuple[int, Any]:
-        key = RadixKey(array("q", entry.token_ids), entry.cache_key)
+        key = RadixKey(array("q", entry.token_ids), entry.cache_key, cache_salt=entry.cache_salt)
         r = UnifiedRadixCache._match_tree(self, MatchPrefixParams(key=key))
         return int(r.device_prefix_len), r.last_device_node
 
-    def _decide(self, st: _State, ctx: RequestContext, req: Any, m: int, limit: int) -> None:
-        assert self.gov is not None
+    def _decide(self, st: _State, req: Any, m: int, limit: int) -> None:
+        assert self.gov is not None and st.context is not None
         tokens = req.origin_input_ids
         text = None  # SGLang keeps no prompt text; donors get theirs from the detokenizer
-        live: list[tuple[DonorEntry, float, int, Any]] = []
-        for entry, sim in self.gov.candidates(ctx, tokens, text):
-            d_len, node = self._donor_path(entry)
+        live: list[tuple[DonorEntry, float, int]] = []
+        for entry, sim in self.gov.candidates(st.context, st.cache_salt, tokens, text):
+            d_len, _ = self._donor_path(entry)
             if d_len == 0:
                 self.gov.drop_donor(entry.donor_id)  # evicted: nothing left to reuse
                 continue
-            live.append((entry, sim, d_len, node))
+            live.append((entry, sim, d_len))
         if not live:
             return
         self.stats["decided_requests"] += 1
-        st.decisions = self.gov.decide(str(req.rid), ctx, tokens, text, [(e, s) for e, s, _, _ in live])
+        st.decisions = self.gov.decide(st.label, st.context, tokens, text, [(e, s) for e, s, _ in live])
         self.stats["decisions"] += len(st.decisions)
         best = 0
-        for dec, (entry, _, d_len, node) in zip(st.decisions, live, strict=False):
+        for dec, (entry, _, d_len) in zip(st.decisions, live, strict=False):
             if dec.decision != "allow":
                 continue
             self.stats["allowed"] += 1
-            k = sum(p.length for p in plan_pieces(dec.approved_spans, m, limit, d_len, self.page_size))
+            k = planned_tokens(dec.approved_spans, m, limit, d_len, self.page_size)
             if k > best:
-                best, st.chosen, st.donor, st.donor_len, st.donor_node = k, dec, entry, d_len, node
-        if st.chosen is not None:
-            st.pin = self.lock(st.donor_node)
-            self.pins += 1
+                best, st.chosen, st.donor, st.donor_len = k, dec, entry, d_len
 
-    def _unpin(self, st: _State) -> None:
-        if st.pin is not None:
-            self.unlock(st.pin)
-            st.pin = None
-            self.pins -= 1
+    def _drop_plan(self, st: _State) -> None:
+        self._release_private(st)
+        st.chosen = None
 
     def _release_private(self, st: _State) -> None:
-        if st.private is not None and not st.req.kv.holds_kv:
+        req = self.reqs.get(st.serial)
+        if st.private is not None and (req is None or not req.kv.holds_kv):
             self.token_to_kv_pool_allocator.free(st.private)
         st.private = None
 
@@ -380,80 +398,86 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         k = sum(p.length for p in pieces)
         decision_id = str(st.chosen.record["decision_id"])
         slots: torch.Tensor | None = None
+        pin = None
         try:
             if k == 0 or k != req.host_hit_length:
                 raise RealizationError(f"planned {k} tokens, admission promised {req.host_hit_length}")
-            if not self.gov.decision_durable(decision_id, self.gov.settings.audit_wait_ms / 1000):
+            if not st.durable:
+                st.durable = self.gov.decision_durable(decision_id, self.gov.settings.audit_wait_ms / 1000)
+            if not st.durable:
                 why = self.gov.audit_broken or "not yet"
                 raise RealizationError(f"the allow decision is not durable in the audit log ({why})")
             d_len, node = self._donor_path(st.donor)
-            if node != st.donor_node or d_len < st.donor_len:
-                raise RealizationError("the donor's KV changed since the decision")
-            root = self.root_node_handle(st.donor.cache_key)
-            donor_slots = self.tree_core.collect_full_device_indices(node, root)[:d_len].to(torch.int64)
+            need = max(p.donor_start + p.length for p in pieces)
+            if d_len < need:
+                raise RealizationError(f"the donor's live KV covers {d_len} tokens, {need} needed")
+            # NOTE: the donor is pinned only while this call copies from it: eviction for the
+            # allocation below must not take it, and nothing else ever holds a pin.
+            pin = self.lock(node)
+            self.pins += 1
             rt = np.asarray(req.origin_input_ids, dtype=np.int64)
             dt = np.asarray(st.donor.token_ids, dtype=np.int64)
             for p in pieces:
                 r0, d0, n = p.recipient_start, p.donor_start, p.length
-                # NOTE: token identity is re-verified against the live donor (its tree path
-                # holds exactly st.donor.token_ids) right before the copy.
-                if d0 + n > d_len or not np.array_equal(rt[r0 : r0 + n], dt[d0 : d0 + n]):
+                # NOTE: token identity against the donor's tokens, whose tree path the re-match
+                # above just found live (the match itself compares them token by token).
+                if not np.array_equal(rt[r0 : r0 + n], dt[d0 : d0 + n]):
                     raise RealizationError(f"tokens differ at recipient {r0}..{r0 + n}")
+            root = self.root_node_handle(st.donor.cache_key)
+            donor_slots = self.tree_core.collect_full_device_indices(node, root)[:d_len].to(torch.int64)
             src = torch.cat([donor_slots[p.donor_start : p.donor_start + p.length] for p in pieces])
-            shift = torch.cat(
-                [
-                    torch.full((p.length,), p.recipient_start - p.donor_start, dtype=torch.int64)
-                    for p in pieces
-                ]
-            )
             slots = self._alloc(k)
-            delta = shift if bool(shift.any()) else None
-            if self.copy_stream is not None:
-                # NOTE: untested on a GPU here (no device in CI); see docs/sglang.md.
-                with torch.cuda.stream(self.copy_stream):
-                    copy_kv(self.kv_pool, src, slots, delta, self.rope)
-            else:
-                copy_kv(self.kv_pool, src, slots, delta, self.rope)
+            self._copy(src, slots, pieces)
         except Exception as e:  # noqa: BLE001 - any doubt: run cold
             if slots is not None:
                 self.token_to_kv_pool_allocator.free(slots)
-            self._unpin(st)
             st.chosen = None
             self.stats["fallbacks"] += 1
             self.gov.event(
                 "realization_failed",
-                request_id=str(req.rid),
+                request_id=st.label,
                 decision_id=decision_id,
                 donor_id=st.donor.donor_id,
                 detail=f"{type(e).__name__}: {e}",
             )
-            self._check("realization_failed", req.rid)
+            self._unpin(pin)
+            self._check("realization_failed", st)
             return 0, req.last_node
-        st.private, st.private_base, st.pieces = slots, m, tuple(pieces)
-        setattr(req, _RECIPIENT_ATTR, True)
+        self._unpin(pin)
+        st.private, st.private_base, st.pieces, st.src_slots = slots, m, tuple(pieces), src
+        st.recipient = True
+        st.realizations += 1
         req.skip_radix_cache_insert = True
-        self._unpin(st)
         self.stats["realizations"] += 1
         self.stats["realized_tokens"] += k
         self.gov.event(
             "realization",
-            request_id=str(req.rid),
+            request_id=st.label,
             decision_id=decision_id,
             donor_id=st.donor.donor_id,
             materialized_tokens=k,
-            slots=slots.tolist(),
-            spans=[
-                {
-                    "recipient_start": p.recipient_start,
-                    "donor_start": p.donor_start,
-                    "length": p.length,
-                    "kind": p.kind,
-                }
-                for p in pieces
-            ],
+            # NOTE: slot ids are read back only from a host pool: on an accelerator that would be
+            # a device-to-host sync on the scheduler thread.
+            slots=slots.tolist() if slots.device.type == "cpu" else (),
+            spans=[p.as_span() for p in pieces],
+            detail=f"serial {self.boot}-{st.serial}; realization {st.realizations}",
         )
-        self._check("realization", req.rid)
+        self._check("realization", st)
         return k, req.last_node
+
+    def _copy(self, src: torch.Tensor, dst: torch.Tensor, pieces: list[Piece]) -> None:
+        """Copy on the scheduler's current stream: the next forward runs on it or waits on it."""
+        shifted = any(p.shift for p in pieces)
+        delta: torch.Tensor | None = None
+        if shifted:
+            host = np.concatenate([np.full(p.length, p.shift, dtype=np.int64) for p in pieces])
+            delta = torch.from_numpy(host)
+            if dst.device.type != "cpu":
+                delta = delta.pin_memory().to(dst.device, non_blocking=True)
+        # NOTE: src comes from the tree's live path and dst from the allocator, so they are in
+        # range, unique and disjoint by construction; the device-side checks (host syncs on an
+        # accelerator) run only on a host pool.
+        copy_kv(self.kv_pool, src, dst, delta, self.rope, check=dst.device.type == "cpu")
 
     def _alloc(self, n: int) -> torch.Tensor:
         evict_from_tree_cache(self, n)
@@ -462,23 +486,42 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             raise RealizationError(f"no room for {n} realized tokens")
         return out.to(torch.int64)
 
+    def _unpin(self, pin: Any) -> None:
+        if pin is not None:
+            self.unlock(pin)
+            self.pins -= 1
+
     # ---- the guard ---------------------------------------------------------------------------
 
     def pending_private(self) -> int:
-        return sum(st.pending() for st in self.states.values())
+        """Realized slots the hook holds that are not yet in a request's row."""
+        n = 0
+        for req, st in self._live():
+            if st.private is not None and not req.kv.holds_kv:
+                n += int(st.private.numel())
+        return n
 
-    def _check(self, where: str, rid: Any) -> None:
+    def _check(self, where: str, st: _State | None, *, exclude: Any = None) -> None:
         assert self.gov is not None
         self.stats["guard_checks"] += 1
-        problem = self.guard.check(self.live.values(), self.pending_private())
-        held = sum(1 for st in self.states.values() if st.pin is not None)
-        if problem is None and held != self.pins:
-            problem = f"donor pins: {self.pins} taken, {held} held by live plans"
-        if problem is None and not self.live and self.pins == 0 and self.protected_size() != 0:
-            problem = f"nothing live but {self.protected_size()} tokens still protected"
+        owners = [r for r, _ in self._live() if r is not exclude]
+        problem = self.guard.check(owners, self.pending_private())
+        if problem is None and self.pins != 0:
+            problem = f"donor pins: {self.pins} still held outside a realization"
         if problem is None:
             return
-        self._disable(f"after {where} of request {rid}: {problem}")
+        who = f" of request {st.label}" if st is not None else ""
+        self._disable(f"after {where}{who}: {problem}")
+
+    def _hook_error(self, where: str, req: Any, e: BaseException) -> None:
+        self.stats["hook_errors"] += 1
+        st = state_of(req) if req is not None else None
+        get_logger().error(
+            "semgov hook error: the request runs without semantic reuse",
+            where=where,
+            request=st.label if st is not None else None,
+            error=f"{type(e).__name__}: {str(e)[:300]}",
+        )
 
     def _disable(self, reason: str) -> None:
         assert self.gov is not None
@@ -487,8 +530,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         get_logger().error("semgov invariant violation: semantic reuse disabled", reason=reason)
         self.gov.event("invariant_violation", detail=reason)
         if first:
-            for st in self.states.values():
-                self._unpin(st)
+            for _, st in self._live():
                 st.chosen = None
             self.gov.event("reuse_disabled", detail=reason)
         if self.strict:

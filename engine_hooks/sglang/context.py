@@ -1,4 +1,4 @@
-"""Who a request belongs to: the semgov request context, and the cache key derived from it.
+"""Who a request belongs to: the semgov request context, and the cache keys derived from it.
 
 SGLang has no authenticated per-request metadata. The hook therefore reads the request's
 context (tenant, namespace, task, response contract, optional prompt segments) from a token
@@ -7,17 +7,26 @@ that the hook verifies with a shared HMAC key:
 
     semgov1.<base64url(RFC 8785 JSON of the context)>.<base64url(HMAC-SHA256(key, "semgov1." + payload))>
 
-Anything after the 43-character MAC (SGLang appends the LoRA id to ``extra_key``) is kept as
-the request's own cache-key suffix.
+base64url is unpadded and canonical (the MAC is exactly 43 characters). SGLang appends the
+request's LoRA id to ``extra_key`` (``extra_key = (extra_key or "") + lora_id`` in
+``Req.__init__``); the LoRA id the hook trusts is the server-side ``req.lora_id`` (an adapter
+SGLang resolved), never text the client sent. The token is valid only if ``extra_key`` is
+exactly the token (no adapter) or the token followed by ``lora_id``: anything else after the
+MAC is refused.
 
 The hook then replaces ``req.extra_key`` with a key derived server-side
-(:func:`RequestContext.cache_key`): an HMAC of tenant, namespace and suffix. Two tenants or
-namespaces therefore never share a node of SGLang's exact-prefix tree, whatever the caller
-sent, and a caller cannot name another tenant's key without the secret. A request without a
-valid token is served normally (exact-prefix reuse among requests with the same ``extra_key``
-only) but never gets semantic reuse and never becomes a donor.
+(:meth:`RequestContext.cache_key`): an HMAC, under the domain tag ``tree``, of an unambiguous
+length-prefixed encoding of tenant, namespace, LoRA id and the request's ``cache_salt``. The
+candidate scope (:meth:`RequestContext.scope`) is the same under the tag ``scope``. Two
+tenants, namespaces, adapters or cache salts therefore never share a node of SGLang's
+exact-prefix tree or a candidate scope, whatever the caller sent, and a caller cannot name
+another tenant's key without the secret. A request without a valid token is served normally
+(exact-prefix reuse among requests that sent the same ``extra_key``, adapter and salt:
+:func:`anonymous_cache_key`) but never gets semantic reuse and never becomes a donor.
 
-Everything here is pure (no I/O): the key is passed in.
+The parser is total: for any Python objects it returns a context or raises
+:class:`ContextError`; the key derivations never raise. Everything here is pure (no I/O): the
+key is passed in.
 """
 
 from __future__ import annotations
@@ -28,9 +37,9 @@ import hashlib
 import hmac
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from semgov.canonical import canonicalize
 from semgov.models import ResponseContract, Segment, TaskRef
@@ -38,7 +47,13 @@ from semgov.models import ResponseContract, Segment, TaskRef
 TOKEN_PREFIX = "semgov1."
 _MAC_CHARS = 43  # base64url of 32 bytes, unpadded
 MAX_TOKEN_CHARS = 16384
+MAX_LORA_ID_CHARS = 256  # SGLang's LoRA ids are 32-character uuid hex strings
 KEY_PREFIX = "semgov:"
+ANON_KEY_PREFIX = KEY_PREFIX + "anon:"
+_KEY_HEX_CHARS = 32
+_B64URL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+_FIELDS = frozenset({"tenant", "namespace", "task", "response_contract", "segments"})
+_LORA_MISMATCH = "trailing characters after the MAC do not match the request's LoRA adapter"
 
 
 class ContextError(ValueError):
@@ -50,9 +65,7 @@ def _b64e(raw: bytes) -> str:
 
 
 def _b64d(text: str) -> bytes:
-    if not text or any(
-        c not in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_" for c in text
-    ):
+    if not text or not _B64URL.issuperset(text):
         raise ContextError("not base64url")
     try:
         return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
@@ -64,6 +77,61 @@ def _mac(key: bytes, message: bytes) -> bytes:
     return hmac.new(key, message, hashlib.sha256).digest()
 
 
+def _exact_str(value: object) -> str | None:
+    """An exact ``str`` copy of a str (subclasses included), else None.
+
+    The real type is tested, not ``isinstance``: an object can claim ``__class__ = str``. The copy
+    cannot override anything read from it (``__len__``, ``startswith``, ``encode`` ...).
+    """
+    if not issubclass(type(value), str):
+        return None
+    return str.__str__(cast(str, value))
+
+
+# ---- derived keys ----------------------------------------------------------------------------------
+
+
+def _describe(value: object) -> bytes:
+    """Bytes standing for a value that is neither str nor None: its type and repr (never raises)."""
+    try:
+        t = type(value)
+        name = str.encode(f"{t.__module__}.{t.__qualname__}", "utf-8", "surrogatepass")
+    except Exception:  # noqa: BLE001 - a hostile metaclass: still a fixed description
+        name = b"?"
+    try:
+        if issubclass(type(value), bytes | bytearray):
+            body = b"b" + memoryview(cast(bytes, value)).tobytes()  # the buffer: no __bytes__ override
+        else:
+            body = b"r" + str.encode(repr(value), "utf-8", "surrogatepass")
+    except Exception:  # noqa: BLE001 - a repr that raises or recurses: one fixed description
+        body = b"?"
+    return len(name).to_bytes(8, "big") + name + body
+
+
+def _field(value: object) -> bytes:
+    """One self-delimiting field: a type tag, an 8-byte length, the bytes (an injective encoding)."""
+    text = _exact_str(value)
+    if value is None:
+        tag, body = b"n", b""
+    elif text is not None:
+        # surrogatepass keeps every Python str encodable (lone surrogates too), and UTF-8 so
+        # extended is still injective.
+        tag, body = b"s", text.encode("utf-8", "surrogatepass")
+    else:
+        tag, body = b"o", _describe(value)
+    return tag + len(body).to_bytes(8, "big") + body
+
+
+def _salt(cache_salt: object) -> object:
+    """SGLang's ``cache_salt`` with None and "" both meaning no salt (as ``Req.__init__`` does)."""
+    return None if _exact_str(cache_salt) == "" else cache_salt
+
+
+def _derive(key: bytes, domain: str, *fields: object) -> str:
+    msg = b"semgov.derived-key/v2" + b"".join(_field(f) for f in (domain, *fields))
+    return _mac(key, msg).hex()[:_KEY_HEX_CHARS]
+
+
 @dataclass(frozen=True, slots=True)
 class RequestContext:
     """The verified context of one request (what semgov decides over besides the prompt)."""
@@ -73,30 +141,61 @@ class RequestContext:
     task: dict[str, str]
     response_contract: dict[str, str]
     segments: tuple[tuple[str, int, int], ...] | None
-    suffix: str
+    lora_id: str | None  # the request's LoRA adapter (server-side ``req.lora_id``), None without one
 
-    def scope(self, key: bytes) -> str:
-        """Isolation scope of semantic candidates: tenant, namespace and suffix (the LoRA id), keyed.
+    def scope(self, key: bytes, cache_salt: str | None = None) -> str:
+        """Isolation scope of semantic candidates: tenant, namespace, LoRA id and cache salt, keyed.
 
-        KV computed under one adapter is never a candidate for a request served by another.
+        KV computed under one adapter or cache salt is never a candidate for a request served
+        under another. Never raises.
         """
-        msg = (
-            b"scope\0" + self.tenant.encode() + b"\0" + self.namespace.encode() + b"\0" + self.suffix.encode()
+        return KEY_PREFIX + _derive(
+            key, "scope", self.tenant, self.namespace, self.lora_id, _salt(cache_salt)
         )
-        return KEY_PREFIX + _mac(key, msg).hex()[:32]
 
-    def cache_key(self, key: bytes) -> str:
-        """The ``extra_key`` of the request's exact-prefix tree: tenant, namespace and suffix, keyed."""
-        msg = (
-            b"tree\0" + self.tenant.encode() + b"\0" + self.namespace.encode() + b"\0" + self.suffix.encode()
-        )
-        return KEY_PREFIX + _mac(key, msg).hex()[:32]
+    def cache_key(self, key: bytes, cache_salt: str | None = None) -> str:
+        """The ``extra_key`` of the request's exact-prefix tree: tenant, namespace, LoRA id, salt, keyed.
+
+        Never raises.
+        """
+        return KEY_PREFIX + _derive(key, "tree", self.tenant, self.namespace, self.lora_id, _salt(cache_salt))
 
 
-def anonymous_cache_key(key: bytes, extra_key: str | None) -> str:
-    """The derived ``extra_key`` of a request without a valid context (isolated by what it sent)."""
-    msg = b"anon\0" + (extra_key or "").encode("utf-8", "surrogatepass")
-    return KEY_PREFIX + "anon:" + _mac(key, msg).hex()[:32]
+def anonymous_cache_key(
+    key: bytes, extra_key: object, lora_id: object = None, cache_salt: object = None
+) -> str:
+    """The derived ``extra_key`` of a request without a valid context (isolated by what it sent).
+
+    Distinct ``(extra_key, lora_id, cache_salt)`` give distinct keys (None and "" are distinct
+    for ``extra_key`` and ``lora_id``; for ``cache_salt`` both mean no salt). Any str, lone
+    surrogates included, and any other object are accepted: never raises.
+    """
+    return ANON_KEY_PREFIX + _derive(key, "anon", extra_key, lora_id, _salt(cache_salt))
+
+
+def has_token_prefix(value: object) -> bool:
+    """Whether ``value`` is a str that starts like a context token (never raises)."""
+    text = _exact_str(value)
+    return text is not None and text.startswith(TOKEN_PREFIX)
+
+
+def bounded_repr(value: object, limit: int = 64) -> str:
+    """A short, ASCII description of a client-sent value for a log line (never raises)."""
+    try:
+        text = _exact_str(value)
+        if text is not None:
+            shown = ascii(text[:limit])  # escapes can make it up to 10x longer: cut again
+            if len(text) <= limit and len(shown) <= limit + 2:
+                return shown
+            return f"{shown[: limit + 1]}... ({len(text)} characters)"
+        if value is None:
+            return "None"
+        return f"<{str(type(value).__name__)[:limit]}>"
+    except Exception:  # noqa: BLE001 - a log line must never fail
+        return "<unrepresentable>"
+
+
+# ---- tokens ----------------------------------------------------------------------------------------
 
 
 def make_context_token(
@@ -117,87 +216,129 @@ def make_context_token(
     }
     if segments is not None:
         doc["segments"] = [list(s) for s in segments]
-    _validate(doc)
-    payload = _b64e(canonicalize(doc))
-    return TOKEN_PREFIX + payload + "." + _b64e(_mac(key, (TOKEN_PREFIX + payload).encode("ascii")))
+    _validate(doc, None)
+    try:
+        payload = _b64e(canonicalize(doc))
+    except (ValueError, TypeError, RecursionError) as e:
+        raise ContextError(f"context has no RFC 8785 form ({type(e).__name__})") from e
+    token = TOKEN_PREFIX + payload + "." + _b64e(_mac(key, (TOKEN_PREFIX + payload).encode("ascii")))
+    if len(token) > MAX_TOKEN_CHARS:
+        raise ContextError(f"context token longer than {MAX_TOKEN_CHARS} characters")
+    return token
 
 
-def _validate(doc: Any) -> RequestContext:
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _model(cls: type[_M], value: Any, where: str) -> _M:
+    try:
+        return cls.model_validate(value)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        loc = ".".join([where, *map(str, err["loc"])])[:80]
+        raise ContextError(f"context {loc}: {str(err['msg'])[:160]}") from e
+
+
+def _validate(doc: Any, lora_id: str | None) -> RequestContext:
     if not isinstance(doc, dict):
         raise ContextError("context is not a JSON object")
-    unknown = set(doc) - {"tenant", "namespace", "task", "response_contract", "segments"}
+    unknown = sorted(set(doc) - _FIELDS)
     if unknown:
-        raise ContextError(f"unknown context field(s): {sorted(unknown)}")
+        names = ", ".join(bounded_repr(k, 40) for k in unknown[:3])
+        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        raise ContextError(f"unknown context field(s): {names}{more}")
     for name in ("tenant", "namespace"):
         v = doc.get(name)
         # Same id rules as the wire types: printable ASCII without spaces, 1..128 characters.
         if not isinstance(v, str) or not (1 <= len(v) <= 128) or not all("!" <= c <= "~" for c in v):
             raise ContextError(f"context {name} must be 1..128 printable ASCII characters without spaces")
-    try:
-        task = TaskRef.model_validate(doc.get("task"))
-        contract = ResponseContract.model_validate(doc.get("response_contract"))
-        segs_raw = doc.get("segments")
-        segments: tuple[tuple[str, int, int], ...] | None = None
-        if segs_raw is not None:
-            if not isinstance(segs_raw, list) or not segs_raw:
-                raise ContextError("context segments must be a non-empty list of [role, start, end]")
-            parsed: list[tuple[str, int, int]] = []
-            for s in segs_raw:
-                if not isinstance(s, list) or len(s) != 3:
-                    raise ContextError("context segments must be a non-empty list of [role, start, end]")
-                seg = Segment.model_validate({"role": s[0], "start": s[1], "end": s[2]})
-                expected = parsed[-1][2] if parsed else 0
-                if seg.start != expected or seg.end <= seg.start:
-                    raise ContextError(
-                        f"context segments[{len(parsed)}] starts at {seg.start}, expected {expected}: "
-                        "segments must tile the prompt in order"
-                    )
-                parsed.append((seg.role, seg.start, seg.end))
-            segments = tuple(parsed)
-    except ValidationError as e:
-        err = e.errors(include_url=False)[0]
-        raise ContextError(f"context {'.'.join(map(str, err['loc']))}: {err['msg']}") from e
+    task = _model(TaskRef, doc.get("task"), "task")
+    contract = _model(ResponseContract, doc.get("response_contract"), "response_contract")
+    segments: tuple[tuple[str, int, int], ...] | None = None
+    if "segments" in doc:  # absent means no segments; null or [] is not another spelling of that
+        segs_raw = doc["segments"]
+        if not isinstance(segs_raw, list) or not segs_raw:
+            raise ContextError("context segments must be a non-empty list of [role, start, end]")
+        parsed: list[tuple[str, int, int]] = []
+        for i, s in enumerate(segs_raw):
+            if not isinstance(s, list) or len(s) != 3:
+                raise ContextError(f"context segments[{i}] is not [role, start, end]")
+            seg = _model(Segment, {"role": s[0], "start": s[1], "end": s[2]}, f"segments[{i}]")
+            expected = parsed[-1][2] if parsed else 0
+            if seg.start != expected or seg.end <= seg.start:
+                raise ContextError(
+                    f"context segments[{i}] is [{seg.start}, {seg.end}), expected to start at {expected} "
+                    "and be non-empty: segments must tile the prompt in order"
+                )
+            parsed.append((seg.role, seg.start, seg.end))
+        segments = tuple(parsed)
     return RequestContext(
         tenant=doc["tenant"],
         namespace=doc["namespace"],
         task=task.model_dump(),
         response_contract=contract.model_dump(),
         segments=segments,
-        suffix="",
+        lora_id=lora_id,
     )
 
 
-def parse_context_token(key: bytes, extra_key: str | None) -> RequestContext:
-    """Verify and parse a context token (raises :class:`ContextError` saying why it is not trusted)."""
-    if not extra_key or not extra_key.startswith(TOKEN_PREFIX):
-        raise ContextError("no semgov context token in extra_key")
-    if len(extra_key) > MAX_TOKEN_CHARS:
+def parse_context_token(key: bytes, extra_key: object, *, lora_id: object = None) -> RequestContext:
+    """Verify and parse the context token in ``extra_key``, bound to the request's LoRA adapter.
+
+    ``lora_id`` is the server-side ``req.lora_id`` (None without an adapter); ``extra_key`` must
+    be exactly the token, or the token followed by ``lora_id``. Raises :class:`ContextError`
+    saying why the token is not trusted, and nothing else, whatever objects are passed.
+    """
+    text = _exact_str(extra_key)
+    lora = _exact_str(lora_id)
+    if text is None:
+        if extra_key is None:
+            raise ContextError("no semgov context token in extra_key")
+        raise ContextError(f"extra_key is not a string ({bounded_repr(extra_key)})")
+    if lora is None and lora_id is not None:
+        raise ContextError(f"lora_id is not a string ({bounded_repr(lora_id)})")
+    if not issubclass(type(key), bytes | bytearray):
+        raise ContextError("the context key is not bytes")
+    # Bound all work first: nothing below reads more than MAX_TOKEN_CHARS + MAX_LORA_ID_CHARS.
+    if lora is not None and len(lora) > MAX_LORA_ID_CHARS:
+        raise ContextError(f"LoRA id longer than {MAX_LORA_ID_CHARS} characters")
+    if len(text) - len(lora or "") > MAX_TOKEN_CHARS:
         raise ContextError(f"context token longer than {MAX_TOKEN_CHARS} characters")
-    body = extra_key[len(TOKEN_PREFIX) :]
+    if not text.startswith(TOKEN_PREFIX):
+        raise ContextError("no semgov context token in extra_key")
+    if lora:  # SGLang appended it: extra_key must be exactly token + lora_id
+        if not text.endswith(lora):
+            raise ContextError(_LORA_MISMATCH)
+        text = text[: len(text) - len(lora)]
+    body = text[len(TOKEN_PREFIX) :]
     dot = body.find(".")
-    if dot <= 0:
+    if dot < 0:
         raise ContextError("context token has no MAC")
-    payload, rest = body[:dot], body[dot + 1 :]
-    mac_text, suffix = rest[:_MAC_CHARS], rest[_MAC_CHARS:]
-    if len(mac_text) != _MAC_CHARS:
+    if dot == 0:
+        raise ContextError("context token has an empty payload")
+    payload, mac_text = body[:dot], body[dot + 1 :]
+    if len(mac_text) < _MAC_CHARS:
         raise ContextError("context token MAC is truncated")
-    expected = _mac(key, (TOKEN_PREFIX + payload).encode("ascii"))
-    # NOTE: compare MACs in constant time, and before parsing anything the caller controls.
-    if not hmac.compare_digest(_b64d(mac_text), expected):
+    if len(mac_text) > _MAC_CHARS:
+        raise ContextError(_LORA_MISMATCH)
+    if not _B64URL.issuperset(payload) or not _B64URL.issuperset(mac_text):
+        raise ContextError("context token is not base64url")  # also every non-ASCII character
+    expected = _b64e(_mac(key, (TOKEN_PREFIX + payload).encode("ascii")))
+    # NOTE: compare MACs in constant time, and before parsing anything the caller controls. The
+    # MAC's text is compared, so a non-canonical spelling of the same 32 bytes does not verify.
+    if not hmac.compare_digest(mac_text.encode("ascii"), expected.encode("ascii")):
         raise ContextError("context token MAC does not verify")
     raw = _b64d(payload)
+    if _b64e(raw) != payload:
+        raise ContextError("context payload is not canonical base64url")
     try:
-        doc = json.loads(raw)
-    except ValueError as e:
-        raise ContextError(f"context payload is not JSON ({e})") from e
-    if canonicalize(doc) != raw:
+        doc = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise ContextError(f"context payload is not UTF-8 JSON ({type(e).__name__})") from e
+    try:
+        canonical = canonicalize(doc)
+    except (ValueError, TypeError, RecursionError) as e:
+        raise ContextError(f"context payload has no RFC 8785 form ({type(e).__name__})") from e
+    if canonical != raw:
         raise ContextError("context payload is not RFC 8785 canonical JSON")
-    ctx = _validate(doc)
-    return RequestContext(
-        tenant=ctx.tenant,
-        namespace=ctx.namespace,
-        task=ctx.task,
-        response_contract=ctx.response_contract,
-        segments=ctx.segments,
-        suffix=suffix,
-    )
+    return _validate(doc, lora)

@@ -77,11 +77,8 @@ def build_governed_cache(ctx: Any, settings: HookSettings | None = None) -> Any:
         settings, engine_name=f"sglang {sglang.__version__}", tokenizer_path=str(tokenizer_path or "") or None
     )
     cache = create_unified_radix_cache(ctx, cache_class=GovernedRadixCache)
-    runner = getattr(ctx.tp_worker, "model_runner", None)
-    stream = getattr(runner, "forward_stream", None)
-    import torch
-
-    if not isinstance(stream, torch.cuda.Stream):
-        stream = None
-    cache.attach(governor, rope=rope, strict=settings.strict, copy_stream=stream)
+    # NOTE: realization copies run on the stream current at admission (the scheduler's
+    # schedule stream): without overlap the forward runs on it, with overlap the forward
+    # stream waits on it before every launch.
+    cache.attach(governor, rope=rope, strict=settings.strict)
     return cache

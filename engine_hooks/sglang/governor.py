@@ -95,9 +95,10 @@ def _utcnow() -> datetime:
 class DonorSpec:
     """What the engine knows about a finished request that may become a donor."""
 
-    request_id: str
+    donor_id: str  # server-generated: the engine's own id of the request, never the client's rid
     context: RequestContext
     cache_key: str
+    cache_salt: str | None
     token_ids: tuple[int, ...]
     text: str | None
 
@@ -109,6 +110,7 @@ class DonorEntry:
     donor_id: str
     scope: str
     cache_key: str
+    cache_salt: str | None
     token_ids: tuple[int, ...]
     prompt: Prompt
     provenance: dict[str, Any]
@@ -193,13 +195,24 @@ class Governor:
 
     # ---- contexts --------------------------------------------------------------------------
 
-    def context_of(self, extra_key: str | None) -> RequestContext | None:
-        """The verified context in ``extra_key``, or None (no semantic reuse for that request)."""
+    def context_of(self, extra_key: object, lora_id: object = None) -> RequestContext | None:
+        """The verified context in ``extra_key``, bound to the request's server-side ``lora_id``, or
+        None (no semantic reuse for that request). Never raises, whatever the client sent."""
+        from engine_hooks.sglang.context import bounded_repr, has_token_prefix
+
         try:
-            return parse_context_token(self.context_key, extra_key)
+            return parse_context_token(self.context_key, extra_key, lora_id=lora_id)
         except ContextError as e:
-            if extra_key and extra_key.startswith("semgov1."):
-                get_logger().warning("semgov context token refused", reason=str(e))
+            if has_token_prefix(extra_key):
+                get_logger().warning("semgov context token refused", reason=str(e)[:200])
+            return None
+        except Exception as e:  # noqa: BLE001 - a parser bug must not take the scheduler loop down
+            get_logger().warning(
+                "semgov context token parser failed",
+                error=type(e).__name__,
+                extra_key=bounded_repr(extra_key),
+                lora_id=bounded_repr(lora_id),
+            )
             return None
 
     # ---- donors ----------------------------------------------------------------------------
@@ -234,7 +247,7 @@ class Governor:
             found = self.evaluator.register_donor(prompt)
             now = self.clock()
             payload = provenance_payload(
-                donor_id=spec.request_id,
+                donor_id=spec.donor_id,
                 tenant=spec.context.tenant,
                 namespace=spec.context.namespace,
                 task=spec.context.task,
@@ -247,9 +260,10 @@ class Governor:
                 pii_scanned=found is not None,
             )
             entry = DonorEntry(
-                donor_id=spec.request_id,
-                scope=spec.context.scope(self.context_key),
+                donor_id=spec.donor_id,
+                scope=spec.context.scope(self.context_key, spec.cache_salt),
                 cache_key=spec.cache_key,
+                cache_salt=spec.cache_salt,
                 token_ids=spec.token_ids,
                 prompt=prompt,
                 provenance=sign_provenance(payload, self.signing_key),
@@ -257,7 +271,7 @@ class Governor:
             )
         except Exception as e:  # noqa: BLE001 - a donor that cannot be registered is simply not a donor
             get_logger().warning(
-                "donor registration failed", request_id=spec.request_id, error=f"{type(e).__name__}: {e}"
+                "donor registration failed", donor_id=spec.donor_id, error=f"{type(e).__name__}: {e}"
             )
             return
         self._ready.put(entry)
@@ -308,10 +322,11 @@ class Governor:
         return len(self._donors)
 
     def candidates(
-        self, ctx: RequestContext, token_ids: Sequence[int], text: str | None
+        self, ctx: RequestContext, cache_salt: str | None, token_ids: Sequence[int], text: str | None
     ) -> list[tuple[DonorEntry, float]]:
-        """Donors of the same tenant and namespace, best first (at most ``max_candidates``)."""
-        scope = ctx.scope(self.context_key)
+        """Donors of the same scope (tenant, namespace, adapter, cache salt), best first (at most
+        ``max_candidates``)."""
+        scope = ctx.scope(self.context_key, cache_salt)
         out = []
         for m in self.provider.query(scope, token_ids, text, limit=self.settings.max_candidates):
             entry = self._donors.get(m.donor_id)

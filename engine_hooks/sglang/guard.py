@@ -11,6 +11,7 @@ accounting: every donor pin it took is either still held by a live plan or relea
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import Any
@@ -32,6 +33,7 @@ class InvariantGuard:
         )
 
         allocator = cache.token_to_kv_pool_allocator
+        self._allocator = allocator
         self.page_size = int(cache.page_size)
         self.total = int(allocator.size)
         self._private = kv_private_tokens
@@ -70,7 +72,35 @@ class InvariantGuard:
         return pending + sum(int(self._private(r.kv, self.page_size)) for r in owners if r.kv.holds_kv)
 
     def check(self, owners: Iterable[Any], pending: int) -> str | None:
-        """None when the pool invariant holds, else SGLang's message."""
+        """None when the pool invariant holds, else SGLang's message.
+
+        NOTE: SGLang frees KV inside allocator *free groups* while it processes a batch's results
+        (``free_group_begin`` ... ``free_group_end``): a slot freed there is neither available nor
+        owned until the group ends. The guard runs inside such groups (a release), so it counts
+        what the open group holds as available, exactly as ``free_group_end`` will release it.
+        """
         stats = self._observer.get_pool_stats()
+        held = held_in_open_free_group(self._allocator)
+        if held:
+            stats = dataclasses.replace(stats, full_available_size=stats.full_available_size + held)
         leak, msg = self._checker._check_full_pool(stats, uncached=self.uncached(owners, pending))
-        return str(msg) if leak else None
+        if not leak:
+            return None
+        return f"{msg}, held_in_open_free_group={held}" if held else str(msg)
+
+
+def held_in_open_free_group(allocator: Any) -> int:
+    """Tokens an open free group of ``allocator`` will release at ``free_group_end`` (0 when none
+    is open): token slots for a token allocator, whole pages for a paged one (its group holds
+    token indices, released as their unique pages, and page ids freed directly)."""
+    group = getattr(allocator, "free_group", None)
+    if group is None:
+        return 0
+    page = int(allocator.page_size)
+    if page == 1:
+        return sum(int(t.numel()) for t in group)
+    import torch
+
+    pages = int(torch.unique(torch.cat(group) // page).numel()) if group else 0
+    pages += sum(int(t.numel()) for t in getattr(allocator, "free_page_ids_group", None) or ())
+    return pages * page

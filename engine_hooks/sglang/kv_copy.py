@@ -309,19 +309,33 @@ def _check_slots(name: str, slots: Any) -> torch.Tensor:
 
 
 def copy_kv(
-    pool: Any, src: torch.Tensor, dst: torch.Tensor, delta: torch.Tensor | None, rope: RopeSpec | None
+    pool: Any,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    delta: torch.Tensor | None,
+    rope: RopeSpec | None,
+    *,
+    check: bool = True,
 ) -> None:
     """Copy K/V of slots ``src`` into slots ``dst`` on every layer of an SGLang ``MHATokenToKVPool``.
 
-    ``v[dst] = v[src]``; ``k[dst] = k[src]`` when ``delta`` is ``None`` or all zero, else
+    ``v[dst] = v[src]``; ``k[dst] = k[src]`` when ``delta`` is ``None``, else
     ``k[dst] = rerotate_keys(k[src], delta, rope)`` (rows with ``delta == 0`` still copied
-    bit-identical). One gather and one ``index_copy_`` per buffer and layer.
+    bit-identical). Where the pool has SGLang's fused all-layer move (``move_kv_cache`` with its
+    copy kernel configured, or ``SGLANG_NATIVE_MOVE_KV_CACHE``), K and V of every layer move in
+    one call and only the shifted keys are then re-rotated in place; otherwise one gather and one
+    ``index_copy_`` per buffer and layer. Everything is enqueued on the current stream.
 
-    Raises ``ValueError`` before any write when: the pool is not supported (:func:`supported_pool`);
-    ``src``/``dst``/``delta`` are not 1-D int64 or differ in length; ``src`` and ``dst`` share a
-    slot; ``dst`` repeats a slot; a slot is out of range or in SGLang's padding page (slots below
-    ``page_size``; slot 0 absorbs padded-token writes); ``delta`` is nonzero and ``rope`` is
-    ``None``; or ``rope.head_dim`` is not the pool's key head dim.
+    Always refused, before any write (``ValueError``): an unsupported pool
+    (:func:`supported_pool`); ``src``/``dst``/``delta`` not 1-D int64 or of different lengths; a
+    ``delta`` without a ``rope``; ``rope.head_dim`` not the pool's key head dim.
+
+    ``check`` (default) also refuses, with device-side checks that are host syncs on an
+    accelerator: ``src`` and ``dst`` sharing a slot; ``dst`` repeating a slot; a slot out of range
+    or in SGLang's padding page (slots below ``page_size``; slot 0 absorbs padded-token writes); a
+    nonzero ``delta`` with ``rope`` None. A caller whose slots are valid by construction (the hook:
+    ``src`` from the tree's live path, ``dst`` fresh from the allocator) passes ``check=False``
+    on an accelerator, so the copy path makes no host sync.
     """
     reason = supported_pool(pool)
     if reason is not None:
@@ -342,34 +356,44 @@ def copy_kv(
                 raise ValueError(f"unsupported KV pool: a layer buffer is {b.dtype} {tuple(b.shape)}")
     head_dim = buffers[0][0].shape[-1]
     device = buffers[0][0].device
+    if delta is not None:
+        if rope is None:
+            if check and bool((delta != 0).any()):
+                raise ValueError("nonzero delta needs a RopeSpec to re-rotate keys (rope is None)")
+            if not check:
+                raise ValueError("delta needs a RopeSpec to re-rotate keys (rope is None)")
+        elif rope.head_dim != head_dim:
+            raise ValueError(f"rope.head_dim {rope.head_dim} != the pool's key head dim {head_dim}")
     if n == 0:
         return
 
     src, dst = src.to(device), dst.to(device)
-    lo = int(torch.minimum(src.min(), dst.min()))
-    hi = int(torch.maximum(src.max(), dst.max()))
-    if lo < page or hi >= rows:
-        raise ValueError(
-            f"slot ids must lie in [{page}, {rows}): got [{lo}, {hi}] (slots below page_size={page} "
-            "are SGLang's padding page)"
-        )
-    if bool(torch.isin(src, dst).any()):
-        raise ValueError("src and dst share slots: a copy must not overwrite its own source")
-    if torch.unique(dst).shape[0] != n:
-        raise ValueError("dst repeats a slot")
+    if check:
+        lo = int(torch.minimum(src.min(), dst.min()))
+        hi = int(torch.maximum(src.max(), dst.max()))
+        if lo < page or hi >= rows:
+            raise ValueError(
+                f"slot ids must lie in [{page}, {rows}): got [{lo}, {hi}] (slots below page_size={page} "
+                "are SGLang's padding page)"
+            )
+        if bool(torch.isin(src, dst).any()):
+            raise ValueError("src and dst share slots: a copy must not overwrite its own source")
+        if torch.unique(dst).shape[0] != n:
+            raise ValueError("dst repeats a slot")
 
     rotation: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-    if delta is not None:
-        delta = delta.to(device)
-        unmoved = delta == 0
-        if not bool(unmoved.all()):
-            if rope is None:
-                raise ValueError("nonzero delta needs a RopeSpec to re-rotate keys (rope is None)")
-            if rope.head_dim != head_dim:
-                raise ValueError(f"rope.head_dim {rope.head_dim} != the pool's key head dim {head_dim}")
-            cos, sin = _rotation(delta, rope, device)
-            rotation = (cos, sin, unmoved)
+    if delta is not None and rope is not None:
+        delta = delta.to(device, non_blocking=True)
+        cos, sin = _rotation(delta, rope, device)
+        rotation = (cos, sin, delta == 0)
 
+    if _has_fused_move(pool):
+        pool.move_kv_cache(dst, src)
+        if rotation is not None:
+            assert rope is not None
+            for k, _ in buffers:
+                k.index_copy_(0, dst, _rotate(k.index_select(0, dst), *rotation, rope))
+        return
     for k, v in buffers:
         v.index_copy_(0, dst, v.index_select(0, src))
         keys = k.index_select(0, src)
@@ -377,3 +401,13 @@ def copy_kv(
             assert rope is not None
             keys = _rotate(keys, *rotation, rope)
         k.index_copy_(0, dst, keys)
+
+
+def _has_fused_move(pool: Any) -> bool:
+    """Whether SGLang's own all-layer ``move_kv_cache`` is usable on this pool (its triton copy
+    kernel configured, or the native move forced); the NHD layout is checked by supported_pool."""
+    if getattr(pool, "use_hnd", False) or not callable(getattr(pool, "move_kv_cache", None)):
+        return False
+    return getattr(pool, "_kv_copy_config", None) is not None or bool(
+        getattr(pool, "use_native_move_kv_cache", False)
+    )

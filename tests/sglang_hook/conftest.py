@@ -407,7 +407,7 @@ class Harness:
         assert ok, msg
         assert self.tree.protected_size() == 0, msg
         assert self.tree.pins == 0
-        assert not self.tree.states
+        assert not self.tree.live_states()
         assert self.allocator.available_size() + self.tree.evictable_size() == self.size, msg
 
     def records(self) -> list[dict[str, Any]]:

@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine_hooks.sglang.context import (
+    ANON_KEY_PREFIX,
+    KEY_PREFIX,
+    MAX_LORA_ID_CHARS,
+    MAX_TOKEN_CHARS,
     ContextError,
+    RequestContext,
     anonymous_cache_key,
+    bounded_repr,
     make_context_token,
     parse_context_token,
 )
@@ -17,6 +29,8 @@ from engine_hooks.sglang.context import (
 KEY = b"k" * 32
 TASK = {"id": "qa", "version": "1"}
 CONTRACT = {"id": "answer-json", "schema_sha256": "a" * 64}
+LORA = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"  # what SGLang's lora_id looks like (uuid hex)
+LORA_MISMATCH = "do not match the request's LoRA adapter"
 
 
 def _token(**over: object) -> str:
@@ -31,12 +45,41 @@ def _token(**over: object) -> str:
     return make_context_token(KEY, **args)  # type: ignore[arg-type]
 
 
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def _signed(raw: bytes, key: bytes = KEY) -> str:
+    """A token over arbitrary payload bytes, correctly MACed (what a buggy gateway could send)."""
+    payload = _b64(raw)
+    mac = hmac.new(key, ("semgov1." + payload).encode(), hashlib.sha256).digest()
+    return "semgov1." + payload + "." + _b64(mac)
+
+
+def _ctx(
+    tenant: Any = "acme", namespace: Any = "ns1", lora_id: Any = None, segments: Any = None
+) -> RequestContext:
+    return RequestContext(tenant, namespace, dict(TASK), dict(CONTRACT), segments, lora_id)
+
+
+def _only_context_error(extra_key: object, lora_id: object = None) -> None:
+    try:
+        parse_context_token(KEY, extra_key, lora_id=lora_id)
+    except ContextError as e:
+        assert str(e)
+    except Exception as e:  # noqa: BLE001 - what this helper exists to catch
+        raise AssertionError(f"{type(e).__name__} (not ContextError) for {bounded_repr(extra_key)}") from e
+
+
+# ---- verification -----------------------------------------------------------------------------------
+
+
 def test_round_trip_keeps_every_field() -> None:
     """A token made with the key parses back to the same tenant, namespace, task, contract and segments."""
     ctx = parse_context_token(KEY, _token())
     assert (ctx.tenant, ctx.namespace, ctx.task, ctx.response_contract) == ("acme", "ns1", TASK, CONTRACT)
     assert ctx.segments == (("system", 0, 10), ("evidence", 10, 30))
-    assert ctx.suffix == ""
+    assert ctx.lora_id is None
 
 
 def test_wrong_key_is_refused() -> None:
@@ -66,13 +109,265 @@ def test_malformed_tokens_are_refused(bad: str | None) -> None:
         parse_context_token(KEY, bad)
 
 
-def test_lora_suffix_is_kept_apart_from_the_token() -> None:
-    """SGLang appends the LoRA id to extra_key: it becomes the suffix, separating tree keys and scopes."""
+def test_mac_in_another_spelling_is_refused() -> None:
+    """The MAC's last character with its two spare bits set decodes to the same bytes but is refused."""
+    tok = _token()
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    other = alphabet[alphabet.index(tok[-1]) ^ 0b11]
+    assert base64.urlsafe_b64decode(tok[-43:] + "=") == base64.urlsafe_b64decode(tok[-43:-1] + other + "=")
+    with pytest.raises(ContextError, match="MAC does not verify"):
+        parse_context_token(KEY, tok[:-1] + other)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("tenant", "ac me", "printable ASCII"),
+        ("tenant", "", "printable ASCII"),
+        ("tenant", "a" * 129, "printable ASCII"),
+        ("tenant", "\u0430cme", "printable ASCII"),  # Cyrillic a: a confusable
+        ("namespace", "ns\t1", "printable ASCII"),
+        ("task", {"id": "qa"}, "task.version"),
+        ("task", {"id": "q\ud800", "version": "1"}, "task.id"),  # a lone surrogate
+        ("response_contract", {"id": "c", "schema_sha256": "A" * 64}, "response_contract.schema_sha256"),
+        ("segments", [("system", 0, 10), ("evidence", 12, 30)], "expected to start at 10"),
+        ("segments", [("boss", 0, 10)], "segments\\[0\\].role"),
+        ("segments", [], "non-empty"),
+    ],
+)
+def test_bad_fields_are_refused_when_making_a_token(field: str, value: object, match: str) -> None:
+    """Invalid ids, tasks, contracts and segments are refused, naming the field."""
+    with pytest.raises(ContextError, match=match):
+        _token(**{field: value})
+
+
+def test_non_canonical_payload_is_refused_even_with_a_valid_mac() -> None:
+    """A MAC over non-canonical JSON (e.g. duplicate keys) is refused: one context, one encoding."""
+    raw = b'{"namespace":"ns1","response_contract":{"id":"answer-json","schema_sha256":"' + b"a" * 64
+    raw += b'"},"task":{"id":"qa","version":"1"},"tenant":"globex","tenant":"acme"}'
+    with pytest.raises(ContextError, match="canonical"):
+        parse_context_token(KEY, _signed(raw))
+
+
+def _doc(**over: object) -> dict[str, object]:
+    doc: dict[str, object] = {
+        "namespace": "ns1",
+        "response_contract": CONTRACT,
+        "task": TASK,
+        "tenant": "acme",
+    }
+    doc.update(over)
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        (json.dumps(_doc(segments=None), sort_keys=True, separators=(",", ":")).encode(), "segments"),
+        (json.dumps(_doc(segments=[]), sort_keys=True, separators=(",", ":")).encode(), "segments"),
+        (json.dumps(_doc(admin=True), sort_keys=True, separators=(",", ":")).encode(), "unknown"),
+        (b'{"tenant":' + b"[" * 6000 + b"]" * 6000 + b"}", "JSON"),  # deeper than the JSON reader goes
+        (b'{"tenant":"\\ud800"}', "RFC 8785"),  # a lone surrogate has no canonical form
+        (b'{"tenant":NaN}', "RFC 8785"),
+        (b'{"tenant":"\xff"}', "UTF-8"),
+        (b"[]", "not a JSON object"),
+    ],
+)
+def test_well_formed_but_bad_payloads_are_refused(raw: bytes, match: str) -> None:
+    """Correctly MACed payloads that are not a canonical, documented context are refused, never raise."""
+    with pytest.raises(ContextError, match=match):
+        parse_context_token(KEY, _signed(raw))
+
+
+def test_non_canonical_base64_payload_is_refused() -> None:
+    """A payload whose base64url has spare bits set (same bytes, other text) is refused even with a MAC."""
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    payload = next(p for t in ("acme", "acme1", "acme12") if len(p := _token(tenant=t).split(".")[1]) % 4)
+    spare = 0b1111 if len(payload) % 4 == 2 else 0b11  # the bits the decoder drops
+    last = alphabet.index(payload[-1])
+    assert last & spare == 0
+    other = payload[:-1] + alphabet[last | spare]
+    assert base64.urlsafe_b64decode(other + "==") == base64.urlsafe_b64decode(payload + "==")
+    mac = hmac.new(KEY, ("semgov1." + other).encode(), hashlib.sha256).digest()
+    with pytest.raises(ContextError, match="canonical base64url"):
+        parse_context_token(KEY, "semgov1." + other + "." + _b64(mac))
+
+
+# ---- totality: any input is a ContextError or a context, never another exception -------------------------
+
+HOSTILE_CHARS = ["\udcff", "\ud800", "\udfff", "\ud83d", "é", "\u202e", "\x00", "\U0001f600", "\ufeff", " "]
+
+
+@pytest.mark.parametrize("ch", HOSTILE_CHARS)
+@pytest.mark.parametrize("lora", [None, LORA])
+def test_non_ascii_and_lone_surrogates_anywhere_are_context_errors(ch: str, lora: str | None) -> None:
+    """A non-ASCII character or lone surrogate before, inside or after a valid token is a ContextError."""
+    tok = _token()
+    suffix = lora or ""
+    places = [
+        ch + tok,
+        tok[:5] + ch + tok[5:],
+        tok[:40] + ch + tok[40:],
+        tok[:-10] + ch + tok[-10:],
+        tok + ch,
+    ]
+    for extra_key in places:
+        with pytest.raises(ContextError):
+            parse_context_token(KEY, extra_key + suffix, lora_id=lora)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=40), st.integers(min_value=0), st.one_of(st.none(), st.text(max_size=40)))
+def test_any_text_spliced_into_a_token_is_a_context_error_or_the_same_context(
+    junk: str, at: int, lora: str | None
+) -> None:
+    """Any text (lone surrogates too) spliced anywhere into a token is a ContextError, never another error."""
+    tok = _token()
+    i = at % (len(tok) + 1)
+    extra_key = tok[:i] + junk + tok[i:] + (lora or "")
+    try:
+        ctx = parse_context_token(KEY, extra_key, lora_id=lora)
+    except ContextError as e:
+        assert str(e)
+        return
+    assert junk == "" or tok[:i] + junk + tok[i:] == tok  # only the untouched token verifies
+    assert ctx.lora_id == lora
+
+
+_ANY = st.one_of(
+    st.none(),
+    st.text(),
+    st.binary(),
+    st.integers(),
+    st.floats(),
+    st.booleans(),
+    st.lists(st.text(), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ANY, _ANY)
+def test_any_objects_are_context_errors(extra_key: object, lora_id: object) -> None:
+    """parse_context_token raises only ContextError for any Python objects as extra_key and lora_id."""
+    _only_context_error(extra_key, lora_id)
+
+
+class _HostileStr(str):
+    """A str subclass whose methods all lie or raise."""
+
+    def __len__(self) -> int:
+        raise RuntimeError("len")
+
+    def __getitem__(self, i: object) -> str:
+        raise RuntimeError("getitem")
+
+    def startswith(self, *a: object) -> bool:
+        raise RuntimeError("startswith")
+
+    def endswith(self, *a: object) -> bool:
+        raise RuntimeError("endswith")
+
+    def encode(self, *a: object, **k: object) -> bytes:
+        raise RuntimeError("encode")
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("eq")
+
+    __hash__ = str.__hash__
+
+
+class _FakeStr:
+    """Not a str, but claims to be one to isinstance."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # noqa: N802
+        return str
+
+    def __repr__(self) -> str:
+        raise RuntimeError("repr")
+
+
+def test_non_str_inputs_are_refused() -> None:
+    """bytes, ints, lists, a fake str and non-str LoRA ids are refused as ContextError naming the type."""
+    tok = _token()
+    for extra_key in (tok.encode(), 7, [tok], {"extra_key": tok}, 1.5, _FakeStr(), object()):
+        with pytest.raises(ContextError, match="not a string"):
+            parse_context_token(KEY, extra_key)
+    for lora in (7, b"lora", [LORA], _FakeStr()):
+        with pytest.raises(ContextError, match="lora_id is not a string"):
+            parse_context_token(KEY, tok, lora_id=lora)
+
+
+def test_a_hostile_str_subclass_is_read_as_its_text() -> None:
+    """A str subclass whose methods raise is read as plain text: it parses like the token it holds."""
+    tok = _token()
+    ctx = parse_context_token(KEY, _HostileStr(tok + LORA), lora_id=_HostileStr(LORA))
+    assert ctx == parse_context_token(KEY, tok + LORA, lora_id=LORA)
+    assert type(ctx.lora_id) is str
+    assert anonymous_cache_key(KEY, _HostileStr("x"), _HostileStr("y")) == anonymous_cache_key(KEY, "x", "y")
+    assert ctx.cache_key(KEY, _HostileStr("salt")) == ctx.cache_key(KEY, "salt")
+
+
+def test_work_is_bounded_before_anything_else() -> None:
+    """A huge extra_key or LoRA id is refused by its length, whatever it holds."""
+    with pytest.raises(ContextError, match="longer than"):
+        parse_context_token(KEY, "\udcff" * (MAX_TOKEN_CHARS + 1))
+    with pytest.raises(ContextError, match="longer than"):
+        parse_context_token(KEY, _token() + "x" * MAX_TOKEN_CHARS)
+    huge = "L" * (MAX_LORA_ID_CHARS + 1)
+    with pytest.raises(ContextError, match="LoRA id longer than"):
+        parse_context_token(KEY, _token() + huge, lora_id=huge)
+    with pytest.raises(ContextError, match="longer than"):
+        _token(segments=[("other", i, i + 1) for i in range(4000)])  # the gateway cannot mint one either
+
+
+# ---- LoRA binding ---------------------------------------------------------------------------------------
+
+
+def test_lora_id_comes_from_the_server_and_must_match_the_suffix() -> None:
+    """token + lora_id parses with that lora_id; the context carries it, and keys differ per adapter."""
     plain = parse_context_token(KEY, _token())
-    lora = parse_context_token(KEY, _token() + "my-lora")
-    assert lora.suffix == "my-lora"
-    assert lora.scope(KEY) != plain.scope(KEY)  # another adapter's KV is never a candidate
-    assert lora.cache_key(KEY) != plain.cache_key(KEY)
+    lora = parse_context_token(KEY, _token() + LORA, lora_id=LORA)
+    other = parse_context_token(KEY, _token() + "other-adapter", lora_id="other-adapter")
+    assert lora.lora_id == LORA
+    assert len({plain.scope(KEY), lora.scope(KEY), other.scope(KEY)}) == 3  # never another adapter's KV
+    assert len({plain.cache_key(KEY), lora.cache_key(KEY), other.cache_key(KEY)}) == 3
+
+
+@pytest.mark.parametrize(
+    ("suffix", "lora"),
+    [
+        ("X", None),  # the client appended text: not an adapter
+        (LORA, None),  # the client appended an adapter's id itself
+        ("", "X"),  # the request runs under adapter X but extra_key lacks it
+        ("Y", "X"),  # another adapter
+        ("XX", "X"),  # extra text before the adapter id
+        (LORA + LORA, LORA),
+    ],
+)
+def test_trailing_text_that_is_not_the_request_adapter_is_refused(suffix: str, lora: str | None) -> None:
+    """extra_key must be exactly the token, or the token followed by the request's lora_id."""
+    with pytest.raises(ContextError, match=LORA_MISMATCH):
+        parse_context_token(KEY, _token() + suffix, lora_id=lora)
+
+
+def test_token_tail_cannot_pose_as_the_adapter() -> None:
+    """A lora_id equal to the MAC's last characters does not let extra_key = token through."""
+    tok = _token()
+    with pytest.raises(ContextError, match="truncated"):
+        parse_context_token(KEY, tok, lora_id=tok[-3:])
+
+
+def test_empty_lora_id_means_extra_key_is_the_token() -> None:
+    """lora_id "" (nothing appended by SGLang) accepts exactly the token, and stays its own adapter value."""
+    ctx = parse_context_token(KEY, _token(), lora_id="")
+    assert ctx.lora_id == ""
+    with pytest.raises(ContextError, match=LORA_MISMATCH):
+        parse_context_token(KEY, _token() + "X", lora_id="")
+
+
+# ---- derived keys -------------------------------------------------------------------------------------
 
 
 def test_cache_keys_separate_tenants_and_namespaces() -> None:
@@ -86,42 +381,142 @@ def test_cache_keys_separate_tenants_and_namespaces() -> None:
     assert a.cache_key(KEY) == again.cache_key(KEY)
 
 
+def test_keys_have_the_documented_shape() -> None:
+    """Tree keys and scopes are 'semgov:' + 32 hex, anonymous keys 'semgov:anon:' + 32 hex; they differ."""
+    ctx = parse_context_token(KEY, _token())
+    for k in (ctx.cache_key(KEY), ctx.scope(KEY), ctx.cache_key(KEY, "s")):
+        assert k.startswith(KEY_PREFIX) and len(k) == len(KEY_PREFIX) + 32
+        int(k[len(KEY_PREFIX) :], 16)
+    anon = anonymous_cache_key(KEY, "x")
+    assert anon.startswith(ANON_KEY_PREFIX) and len(anon) == len(ANON_KEY_PREFIX) + 32
+    assert ctx.scope(KEY) != ctx.cache_key(KEY)  # domain tags: a scope is never a tree key
+
+
+def test_cache_salt_separates_scopes_and_trees() -> None:
+    """Different cache salts never share a scope or a tree key; None and "" both mean no salt."""
+    ctx = parse_context_token(KEY, _token())
+    for f in (ctx.scope, ctx.cache_key):
+        assert len({f(KEY), f(KEY, "s1"), f(KEY, "s2")}) == 3
+        assert f(KEY, None) == f(KEY, "") == f(KEY)
+    assert anonymous_cache_key(KEY, "x", None, "s1") != anonymous_cache_key(KEY, "x", None, "s2")
+    assert anonymous_cache_key(KEY, "x", None, "") == anonymous_cache_key(KEY, "x", None, None)
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        # (tenant, namespace, lora_id, cache_salt): pairs a NUL- or concatenation-joined encoding confuses
+        (("a", "b\x00c", None, None), ("a\x00b", "c", None, None)),
+        (("a", "bc", None, None), ("ab", "c", None, None)),
+        (("acme", "ns1", "x", None), ("acme", "ns1x", None, None)),
+        (("acme", "ns1", "s", None), ("acme", "ns1", None, "s")),  # an adapter is not a salt
+        (("acme", "ns1", "", None), ("acme", "ns1", None, None)),
+        (("acme", "ns1", "a\x00", "b"), ("acme", "ns1", "a", "\x00b")),
+        (("acme", "ns1", "\ud800", None), ("acme", "ns1", "\ufffd", None)),
+    ],
+)
+def test_separator_collision_pairs_get_distinct_keys(a: tuple[Any, ...], b: tuple[Any, ...]) -> None:
+    """Fields are length-prefixed: moving text between fields, or a NUL inside one, changes the key."""
+    ca, cb = _ctx(*a[:3]), _ctx(*b[:3])
+    assert ca.cache_key(KEY, a[3]) != cb.cache_key(KEY, b[3])
+    assert ca.scope(KEY, a[3]) != cb.scope(KEY, b[3])
+
+
+_FIELD = st.one_of(st.none(), st.text(max_size=12))
+
+
+def _salted(salt: str | None) -> str | None:
+    return salt or None
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.tuples(st.text(max_size=12), st.text(max_size=12), _FIELD, _FIELD),
+    st.tuples(st.text(max_size=12), st.text(max_size=12), _FIELD, _FIELD),
+)
+def test_context_keys_are_injective_over_arbitrary_text(a: tuple[Any, ...], b: tuple[Any, ...]) -> None:
+    """For any text fields (surrogates, NULs), scope and tree key are equal exactly when the fields are."""
+    ca, cb = _ctx(*a[:3]), _ctx(*b[:3])
+    same = a[:3] == b[:3] and _salted(a[3]) == _salted(b[3])
+    assert (ca.cache_key(KEY, a[3]) == cb.cache_key(KEY, b[3])) == same
+    assert (ca.scope(KEY, a[3]) == cb.scope(KEY, b[3])) == same
+    assert ca.scope(KEY, a[3]) != cb.cache_key(KEY, b[3])
+
+
+def test_key_derivation_never_raises_on_odd_field_values() -> None:
+    """A context built with non-str fields (or a hostile repr) still gets keys, and distinct ones."""
+    odd = [_ctx(7, "ns1"), _ctx(b"acme", "ns1"), _ctx("acme", ["ns1"]), _ctx(_FakeStr(), "ns1"), _ctx()]
+    keys = {c.cache_key(KEY, s) for c in odd for s in (None, "s")}
+    assert len(keys) == 2 * len(odd)
+
+
 def test_anonymous_keys_never_equal_context_keys() -> None:
     """A request without a context cannot land in a tenant's tree, whatever extra_key it sends."""
     a = parse_context_token(KEY, _token())
     assert anonymous_cache_key(KEY, a.cache_key(KEY)) != a.cache_key(KEY)
     assert anonymous_cache_key(KEY, "x") != anonymous_cache_key(KEY, "y")
-    assert anonymous_cache_key(KEY, None) == anonymous_cache_key(KEY, "")
+    assert anonymous_cache_key(KEY, None) != anonymous_cache_key(KEY, "")  # distinct inputs, distinct keys
+    assert anonymous_cache_key(KEY, "x", None) != anonymous_cache_key(KEY, "", "x")  # SGLang joins them
+    assert anonymous_cache_key(KEY, "x") != anonymous_cache_key(KEY, b"x")
 
 
-@pytest.mark.parametrize(
-    ("field", "value", "match"),
-    [
-        ("tenant", "ac me", "printable ASCII"),
-        ("tenant", "", "printable ASCII"),
-        ("tenant", "a" * 129, "printable ASCII"),
-        ("tenant", "аcme", "printable ASCII"),  # Cyrillic a: a confusable
-        ("namespace", "ns\t1", "printable ASCII"),
-        ("task", {"id": "qa"}, "version"),
-        ("segments", [("system", 0, 10), ("evidence", 12, 30)], "starts at"),
-        ("segments", [("boss", 0, 10)], "role"),
-    ],
+_ANON_FIELD = st.one_of(st.none(), st.text(max_size=16))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.tuples(_ANON_FIELD, _ANON_FIELD, _ANON_FIELD),
+    st.tuples(_ANON_FIELD, _ANON_FIELD, _ANON_FIELD),
 )
-def test_bad_fields_are_refused_when_making_a_token(field: str, value: object, match: str) -> None:
-    """Invalid ids, tasks and segments are refused, naming the field."""
-    with pytest.raises(ContextError, match=match):
-        _token(**{field: value})
+def test_anonymous_keys_are_total_and_injective(a: tuple[Any, ...], b: tuple[Any, ...]) -> None:
+    """anonymous_cache_key takes any text (lone surrogates too) and maps distinct inputs to distinct keys."""
+    ka, kb = anonymous_cache_key(KEY, *a), anonymous_cache_key(KEY, *b)
+    assert ka.startswith(ANON_KEY_PREFIX)
+    same = a[:2] == b[:2] and _salted(a[2]) == _salted(b[2])
+    assert (ka == kb) == same
 
 
-def test_non_canonical_payload_is_refused_even_with_a_valid_mac() -> None:
-    """A MAC over non-canonical JSON (e.g. duplicate keys) is refused: one context, one encoding."""
-    import hashlib
-    import hmac
+def test_anonymous_keys_of_odd_objects_never_raise() -> None:
+    """Non-str extra_key, lora_id and cache_salt (a raising repr, deep nesting) still get a key."""
+    deep: list[Any] = []
+    for _ in range(100_000):
+        deep = [deep]
+    for v in (_FakeStr(), deep, object(), 1.5, {"a": 1}, b"\xff", _HostileStr("x")):
+        assert anonymous_cache_key(KEY, v, v, v).startswith(ANON_KEY_PREFIX)
 
-    raw = b'{"namespace":"ns1","response_contract":{"id":"answer-json","schema_sha256":"' + b"a" * 64
-    raw += b'"},"task":{"id":"qa","version":"1"},"tenant":"globex","tenant":"acme"}'
-    payload = base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-    mac = hmac.new(KEY, ("semgov1." + payload).encode(), hashlib.sha256).digest()
-    tok = "semgov1." + payload + "." + base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
-    with pytest.raises(ContextError, match="canonical"):
-        parse_context_token(KEY, tok)
+
+# ---- the governor -------------------------------------------------------------------------------------
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, dict[str, Any]]] = []
+
+    def warning(self, event: str, **kw: Any) -> None:
+        self.lines.append((event, kw))
+
+
+def test_governor_context_of_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    """context_of returns None for refused tokens and even for a parser bug, logging a bounded repr only."""
+    import engine_hooks.sglang.governor as governor
+
+    log = _Log()
+    monkeypatch.setattr(governor, "get_logger", lambda: log)
+    gov = SimpleNamespace(context_key=KEY)
+    ctx = governor.Governor.context_of(gov, _token() + LORA, LORA)  # type: ignore[arg-type]
+    assert ctx is not None and ctx.lora_id == LORA
+    assert governor.Governor.context_of(gov, _token() + "X") is None  # type: ignore[arg-type]
+    assert governor.Governor.context_of(gov, "plain") is None  # type: ignore[arg-type]
+    assert governor.Governor.context_of(gov, 5, [1]) is None  # type: ignore[arg-type]
+    assert [e for e, _ in log.lines] == ["semgov context token refused"]  # only the semgov1. token
+
+    def broken(*a: object, **k: object) -> RequestContext:
+        raise RuntimeError("parser bug")
+
+    monkeypatch.setattr(governor, "parse_context_token", broken)
+    sent = "semgov1." + "\udcff" * 100_000
+    assert governor.Governor.context_of(gov, sent, _FakeStr()) is None  # type: ignore[arg-type]
+    event, kw = log.lines[-1]
+    assert event == "semgov context token parser failed" and kw["error"] == "RuntimeError"
+    assert len(kw["extra_key"]) < 200 and kw["extra_key"].isascii()
+    assert kw["lora_id"] == "<_FakeStr>"  # its real type; its repr is never called

@@ -18,6 +18,7 @@ import pytest
 import torch
 from transformers import GPTJConfig, LlamaConfig, MixtralConfig, Qwen2Config
 
+from engine_hooks.sglang import kv_copy as kv_copy_mod
 from engine_hooks.sglang.kv_copy import RopeSpec, copy_kv, rerotate_keys, supported_pool
 
 # SGLang imports torchvision, which cannot be installed next to CPU torch: use the import-only stub.
@@ -234,6 +235,44 @@ def test_shifted_copy_matches_sglang_rope(
         assert torch.equal(k[dst[:3]], before[layer][src[:3]])
         assert torch.equal(v[dst], before[LAYERS + layer][src])
     _assert_unchanged(pool, before, untouched)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["per-layer", "fused-move"])
+@pytest.mark.parametrize("check", [True, False], ids=["checked", "unchecked"])
+def test_every_copy_path_writes_the_same_kv(pool_module: Any, fused: bool, check: bool) -> None:
+    """Checked or not (the accelerator path), per-layer or SGLang's fused all-layer move: same K/V."""
+    rope = RopeSpec(HEAD_DIM, HEAD_DIM, 10000.0, True)
+    src, dst, _ = _slots(4, 16, seed=9)
+    d = torch.arange(16, dtype=torch.int64) - 5
+    reference = _pool(pool_module, 4, torch.float32)
+    copy_kv(reference, src, dst, d, rope)
+    pool = _pool(pool_module, 4, torch.float32)
+    if fused:
+        pool.use_native_move_kv_cache = True  # SGLANG_NATIVE_MOVE_KV_CACHE=1: move_kv_cache works
+        assert kv_copy_mod._has_fused_move(pool)
+        moved: list[int] = []
+        real_move = pool.move_kv_cache
+        pool.move_kv_cache = lambda t, s_: (moved.append(len(t)), real_move(t, s_))  # type: ignore[method-assign]
+    else:
+        assert not kv_copy_mod._has_fused_move(pool)
+    copy_kv(pool, src, dst, d, rope, check=check)
+    for a, b in zip(_snapshot(reference), _snapshot(pool), strict=True):
+        assert torch.equal(a, b)
+    if fused:
+        assert moved == [16]
+
+
+def test_unchecked_copy_still_refuses_what_it_can_see_on_the_host(pool_module: Any) -> None:
+    """check=False keeps the host-side refusals: a delta without a rope, mismatched lengths, bad dtypes."""
+    pool = _pool(pool_module, 4, torch.float32)
+    before = _snapshot(pool)
+    with pytest.raises(ValueError, match="needs a RopeSpec"):
+        copy_kv(pool, _I([5, 6]), _I([20, 21]), _I([0, 0]), None, check=False)
+    with pytest.raises(ValueError, match="src has 2 slots"):
+        copy_kv(pool, _I([5, 6]), _I([20]), None, None, check=False)
+    with pytest.raises(ValueError, match="dst must be"):
+        copy_kv(pool, _I([5, 6]), _I([20, 21]).int(), None, None, check=False)
+    _assert_unchanged(pool, before)
 
 
 def test_copy_uses_model_layer_ids_from_start_layer(pool_module: Any) -> None:

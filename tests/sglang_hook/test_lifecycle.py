@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import torch
 
+from engine_hooks.sglang.cache import state_of
 from tests.sglang_hook.scenario import E_LEN, I_LEN, S_LEN, blocks
 
 
@@ -64,7 +65,8 @@ def test_allow_realizes_the_shifted_evidence_into_recipient_slots(
     row = h.row(rcp)
     donor_slots = set(
         h.tree.tree_core.collect_full_device_indices(
-            h.tree._donor_path(h.tree.gov.donor("donor"))[1], h.tree.root_node_handle(donor.extra_key)
+            h.tree._donor_path(h.tree.gov.donor(h.tree.donor_id(state_of(donor))))[1],
+            h.tree.root_node_handle(donor.extra_key),
         ).tolist()
     )
     assert not donor_slots & set(row[S_LEN : S_LEN + E_LEN].tolist())  # copied, never adopted
@@ -73,7 +75,7 @@ def test_allow_realizes_the_shifted_evidence_into_recipient_slots(
     h.assert_clean()
     kinds = [r.get("kind") for r in h.records() if r["schema"] == "semgov.engine_event/v1"]
     assert kinds == ["realization"]
-    assert h.tree.gov.donor("rcp") is None  # a recipient never becomes a donor
+    assert h.tree.gov.donor(h.tree.donor_id(state_of(rcp))) is None  # a recipient never becomes a donor
 
 
 def test_deny_other_tenant_runs_cold(make_harness: Any) -> None:
@@ -137,7 +139,7 @@ def everything_provider(**_: Any) -> _Everything:
 
 
 def test_decisions_are_made_once_per_request_across_rounds(make_harness: Any) -> None:
-    """match_prefix on every scheduling round decides once, allocates nothing and pins one donor."""
+    """match_prefix on every scheduling round decides once, allocates nothing and pins nothing."""
     h = make_harness()
     b = blocks()
     _donor(h, b)
@@ -147,22 +149,22 @@ def test_decisions_are_made_once_per_request_across_rounds(make_harness: Any) ->
         h.match(rcp)
     assert h.tree.stats["decisions"] == 1
     assert h.allocator.available_size() == free
-    assert h.tree.pins == 1
+    assert h.tree.pins == 0 and h.tree.protected_size() == 0  # a waiting request holds no donor
     h.admit(rcp)
-    assert h.tree.pins == 0  # unpinned once the copy is done
+    assert h.tree.pins == 0  # pinned only while the copy ran
     h.prefill([rcp])
     h.finish(rcp)
     h.assert_clean()
 
 
-def test_matched_but_never_admitted_then_aborted_releases_the_pin(make_harness: Any) -> None:
-    """A waiting request that is decided, pinned and aborted leaves no pin and no slot behind."""
+def test_matched_but_never_admitted_then_aborted_leaves_nothing(make_harness: Any) -> None:
+    """A waiting request that is decided and aborted leaves no pin, no slot and no state behind."""
     h = make_harness()
     b = blocks()
     _donor(h, b)
     rcp = _recipient(h, b)
     h.match(rcp)
-    assert h.tree.pins == 1 and h.tree.protected_size() > 0
+    assert h.tree.pins == 0 and h.tree.protected_size() == 0
     h.abort_waiting(rcp)
     h.assert_clean()
 
@@ -205,13 +207,13 @@ def test_donor_evicted_before_the_recipient_arrives_means_cold(make_harness: Any
     rcp = _recipient(h, b)
     h.run(rcp)
     assert rcp.prefix_len == 0 and not rcp.skip_radix_cache_insert
-    assert h.tree.gov.donor("donor") is None
+    assert h.tree.gov.donor_count() == 0
     h.finish(rcp)
     h.assert_clean()
 
 
-def test_pinned_donor_survives_eviction_until_the_copy(make_harness: Any) -> None:
-    """While a decision pins the donor, eviction cannot take its KV; after the copy it can."""
+def test_donor_evicted_between_decision_and_admission_runs_cold(make_harness: Any) -> None:
+    """A waiting request pins nothing: eviction may take its donor, and admission then runs it cold."""
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
     h = make_harness()
@@ -219,15 +221,43 @@ def test_pinned_donor_survives_eviction_until_the_copy(make_harness: Any) -> Non
     _donor(h, b)
     rcp = _recipient(h, b)
     h.match(rcp)
+    assert rcp.host_hit_length == E_LEN
     h.tree.evict(EvictParams(num_tokens=h.size))
-    assert h.tree.protected_size() >= S_LEN + I_LEN + E_LEN
+    assert h.tree.evictable_size() == 0 and h.tree.protected_size() == 0
+    h.match(rcp)  # the next round: the exact match is gone too, the plan still names the donor
     h.admit(rcp)
+    assert rcp.prefix_len == 0 and not rcp.skip_radix_cache_insert
+    h.prefill([rcp])
+    h.finish(rcp)
+    h.assert_clean()
+    failed = [r for r in h.records() if r.get("kind") == "realization_failed"]
+    assert len(failed) == 1 and "live KV covers 0 tokens" in failed[0]["detail"]
+
+
+def test_donor_is_pinned_while_the_copy_allocates(make_harness: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eviction for the realization's own allocation cannot take the donor it copies from."""
+    h = make_harness()
+    b = blocks()
+    _donor(h, b)
+    rcp = _recipient(h, b)
+    h.match(rcp)
+    seen: list[int] = []
+    real_alloc = h.tree._alloc
+
+    def alloc(n: int) -> Any:
+        seen.append(h.tree.pins)
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        h.tree.evict(EvictParams(num_tokens=h.size))  # everything evictable goes
+        return real_alloc(n)
+
+    monkeypatch.setattr(h.tree, "_alloc", alloc)
+    h.admit(rcp)
+    assert seen == [1] and h.tree.pins == 0
     h.prefill([rcp])
     _check_copied(h, rcp, S_LEN, E_LEN)
     h.finish(rcp)
-    h.tree.evict(EvictParams(num_tokens=h.size))
     h.assert_clean()
-    assert h.allocator.available_size() == h.size
 
 
 def test_token_mismatch_at_realization_falls_back_cold(make_harness: Any) -> None:
@@ -237,7 +267,7 @@ def test_token_mismatch_at_realization_falls_back_cold(make_harness: Any) -> Non
     _donor(h, b)
     rcp = _recipient(h, b)
     h.match(rcp)
-    st = h.tree.states["rcp"]
+    st = state_of(rcp)
     forged = list(st.donor.token_ids)
     forged[S_LEN + I_LEN + 10] += 1
     object.__setattr__(st.donor, "token_ids", tuple(forged))
@@ -276,7 +306,7 @@ def test_no_context_means_no_semantic_reuse_and_no_donor(make_harness: Any) -> N
     d = h.new_req("d", lay.tokens, None, text=lay.text)
     h.run(d)
     h.finish(d)
-    assert h.tree.gov.donor("d") is None
+    assert h.tree.gov.donor(h.tree.donor_id(state_of(d))) is None and h.tree.gov.donor_count() == 0
     forged = h.context().replace("semgov1.", "semgov1.x", 1)
     r = h.new_req("r", b.recipient().tokens, forged)
     h.run(r)
@@ -339,9 +369,9 @@ def test_donor_with_pii_is_denied_and_the_recipient_runs_cold(make_harness: Any)
     ev = list(b0.evidence)
     ev[100] = EMAIL_TOKEN
     b = Blocks(b0.system, b0.instruction, ev, b0.q1, b0.q2)
-    _donor(h, b)
+    dreq = _donor(h, b)
     assert h.tree.gov.drain_donors() == 1
-    entry = h.tree.gov.donor("donor")
+    entry = h.tree.gov.donor(h.tree.donor_id(state_of(dreq)))
     assert entry.provenance["payload"]["pii"] == {"scanned": True, "entities": ["EMAIL_ADDRESS"]}
     rcp = _recipient(h, b)
     h.run(rcp)
@@ -373,12 +403,12 @@ def test_reset_forgets_plans_pins_and_donors(make_harness: Any) -> None:
     _donor(h, b)
     rcp = _recipient(h, b)
     h.match(rcp)
-    assert h.tree.pins == 1
+    assert h.tree.pins == 0 and state_of(rcp) is not None and state_of(rcp).chosen is not None
     # A paused engine flushes with requests still waiting: what flush_cache does, in its order.
     h.tree.reset()
     h.req_pool.clear()
     h.allocator.clear()
-    assert h.tree.pins == 0 and not h.tree.states and h.tree.gov.donor_count() == 0
+    assert h.tree.pins == 0 and state_of(rcp).chosen is None and h.tree.gov.donor_count() == 0
     h.run(rcp)  # the waiting request matches again: nothing cached, nothing to reuse
     assert rcp.prefix_len == 0 and not rcp.skip_radix_cache_insert
     h.finish(rcp)

@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 import torch
 
+from engine_hooks.sglang.cache import state_of
 from tests.sglang_hook.scenario import Layout, blocks
 
 pytestmark = pytest.mark.stress
@@ -178,7 +179,7 @@ class _Driver:
                 h.req_pool.free(req)
             h.tree.unlock(req.lock)
             req.lock = None
-            st = h.tree.states.get(req.rid)
+            st = state_of(req)
             if st is not None and st.private is not None:
                 self.count["prefill_oom_realized_waiting"] += 1
             else:
@@ -200,11 +201,10 @@ class _Driver:
 
     def planned(self) -> list[str]:
         """Waiting requests holding an allowed plan that is not realized yet."""
-        states = self.h.tree.states
         return [
             rid
-            for rid in self.h.waiting
-            if (st := states.get(rid)) is not None and st.chosen is not None and st.private is None
+            for rid, req in self.h.waiting.items()
+            if (st := state_of(req)) is not None and st.chosen is not None and st.private is None
         ]
 
     def squeeze(self) -> None:
@@ -345,12 +345,12 @@ class _Driver:
         t = h.tree
         where = (self.step_no, what)
         assert t.reuse_disabled is None, (where, t.reuse_disabled)
-        problem = t.guard.check(t.live.values(), t.pending_private())
+        owners = [r for r in t.reqs.values() if r.kv.holds_kv]
+        problem = t.guard.check(owners, t.pending_private())
         assert problem is None, (where, problem)
         ok, msg = h.invariant()
         assert ok, (where, msg)
-        held = sum(1 for st in t.states.values() if st.pin is not None)
-        assert t.pins == held, (where, t.pins, held)
+        assert t.pins == 0, (where, t.pins)  # pins exist only inside a realization
 
     def drain(self) -> None:
         """Abort every waiting request, finish (or abort, mid-prefill) every running one, evict all."""

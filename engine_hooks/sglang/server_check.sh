@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Server check of the semgov SGLang backend: real SGLang servers, on the CPU or on a GPU.
+#
+#   engine_hooks/sglang/server_check.sh [--device cpu|cuda] [--model tiny|smollm2-arch]
+#                                       [--pairs N] [--servers a,b] [--out DIR] [--keep]
+#
+# From a checkout, in an environment where semgov is installed (`pip install -e .`, which
+# registers the `semgov` SGLang plugin) with SGLang 0.5.23: on a GPU machine `pip install -e
+# '.[sglang]'`; on a CPU machine the CPU install of README.md / docs/sglang.md. Nothing is
+# downloaded: the models are configs with dummy weights (prompts are token ids).
+#
+# It starts one SGLang server per configuration (page size 1 with overlap scheduling, page size
+# 16 without it, SGLang's retraction test mode, a pool too small for its traffic; chunked
+# prefill below the prompt length in all), each with --radix-cache-backend semgov, SGLang's
+# strict KV-pool checks and SEMGOV_STRICT=1, in a process group of its own; runs the scenarios
+# (paired cohorts, 40 requests in flight, client aborts, /flush_cache under load, client rid
+# collisions, hostile extra_key values, retraction, eviction of donors between decision and
+# admission); verifies every audit log with `semgov audit verify`; and prints the scenario
+# table, TTFT per cohort, realized tokens, decisions and, last:
+#
+#   invariant status: OK (...)   or   invariant status: VIOLATED (...)
+#
+# Exit status: 0 OK; 1 violated; 2 could not run; 3 invariants held but no reuse happened.
+# On CPU it takes about 5 minutes on 2 cores (the same scenarios run in CI under pytest,
+# tests/sglang_server). PYTHON selects the interpreter (default: python).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+exec "${PYTHON:-python}" -m tests.sglang_server.check "$@"

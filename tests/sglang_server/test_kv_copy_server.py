@@ -1,0 +1,114 @@
+"""What a realization copies, read back from a real SGLang server's KV pool and compared with a cold prefill.
+
+The rig's test plugin dumps, for ``kvdump-*`` requests, the K/V of every layer right after a
+realization (the recipient's realized slots and the donor slots they came from) and at release
+(the request's whole row). The server runs the tiny Llama in float32 with SGLang's own RoPE
+(``forward_native``). Donor ``[S][I][E][Q1]``, recipient ``[S][E][Q2]``: E is realized as a
+shifted span (shift ``-len(I)``), and its cold arm is the same recipient in a scope no donor
+reaches, primed with ``[S]``.
+
+- Layer 0's K/V of a token depend only on the token and its position, so the realized E must
+  equal what the cold prefill wrote there (K after re-rotation to the new positions, within
+  float32 tolerance; V exactly as computed from the same token). This holds SGLang's real RoPE
+  against the hook's re-rotation.
+- On every layer, the realized V is the donor's V bit for bit and the realized K is the donor's K
+  re-rotated by the shift (deeper layers legitimately differ from cold: the donor computed them
+  in its own context; that is what the policy decides about).
+- The recipient's row at release holds exactly the realized K/V at E's positions (the forward
+  wrote only the positions after them) and the exact-prefix ``[S]`` equals the cold arm's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from engine_hooks.sglang.kv_copy import RopeSpec, rerotate_keys
+from tests.sglang_server.conftest import assert_healthy
+from tests.sglang_server.rig import Server, pair_prompts, read_audit, settle, summarize
+
+
+@pytest.fixture
+def server(servers: Any) -> Server:
+    srv: Server = servers("page1-overlap")  # float32, with the rig's KV dump
+    return srv
+
+
+def _rope() -> RopeSpec:
+    import json
+
+    from tests.sglang_server.rig import TINY_MODEL
+
+    cfg = json.loads((TINY_MODEL / "config.json").read_text())
+    return RopeSpec(
+        rotary_dim=cfg["head_dim"], head_dim=cfg["head_dim"], base=cfg["rope_theta"], is_neox_style=True
+    )
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative error ``|a - b| / |b|`` (Frobenius)."""
+    return float((a - b).norm() / b.norm())
+
+
+def test_realized_kv_equals_cold_prefill_after_rerotation(server: Server) -> None:
+    """Layer-0 K/V of realized tokens equal a cold prefill's; every layer is the donor's, re-rotated."""
+    gw = server.gateway
+    p = pair_prompts("kv-correctness", e_len=1024)
+    ns, cold_ns = "ns-kv", "ns-kv-cold"
+    assert server.generate(
+        p.primer, rid="kvdump-primer", extra_key=gw.token("acme", cold_ns, p.primer_segs)
+    ).ok
+    cold = server.generate(
+        p.recipient, rid="kvdump-cold", extra_key=gw.token("acme", cold_ns, p.recipient_segs)
+    )
+    donor = server.generate(p.donor, rid="kvdump-donor", extra_key=gw.token("acme", ns, p.donor_segs))
+    settle(server)
+    warm = server.generate(p.recipient, rid="kvdump-warm", extra_key=gw.token("acme", ns, p.recipient_segs))
+    assert cold.ok and donor.ok and warm.ok, (cold.error, donor.error, warm.error)
+    audit = summarize(read_audit(server.files.audit_dir))
+    assert audit.realized.get("kvdump-warm") == p.evidence_len
+
+    d = server.kv_dump_dir
+    realized = torch.load(d / "kvdump-warm.realized.1.pt")
+    warm_row = torch.load(d / "kvdump-warm.release.pt")["row"]
+    cold_row = torch.load(d / "kvdump-cold.release.pt")["row"]
+    (piece,) = realized["pieces"]
+    start, n = piece["recipient_start"], piece["length"]
+    assert (piece["kind"], start, n) == ("shifted", p.evidence_start, p.evidence_len)
+    shift = piece["recipient_start"] - piece["donor_start"]
+    assert shift == -64  # len(I): E moved 64 positions forward
+    rope = _rope()
+    delta = torch.full((n,), shift, dtype=torch.int64)
+
+    # Layer 0 against the cold prefill: SGLang's own RoPE at the new positions. (Dummy weights are
+    # tiny, so every comparison is relative to the tensor's own scale; the cold arm ran in other
+    # chunks and batches, so its float32 matmuls round differently: measured ~1e-4.)
+    k0, v0 = realized["recipient"]["k"][0], realized["recipient"]["v"][0]
+    assert _rel(k0, cold_row["k"][0][start : start + n]) < 1e-3
+    assert _rel(v0, cold_row["v"][0][start : start + n]) < 1e-3
+    # Not vacuous: the donor's own layer-0 keys sit at other positions and differ from cold.
+    assert _rel(realized["donor"]["k"][0], cold_row["k"][0][start : start + n]) > 0.1
+    # And the tolerance tells positions apart: keys rotated one position too far miss by far more.
+    off_by_one = rerotate_keys(realized["donor"]["k"][0], delta + 1, rope)
+    assert _rel(off_by_one, cold_row["k"][0][start : start + n]) > 1e-2
+
+    for layer, (rk, rv, dk, dv) in enumerate(
+        zip(
+            realized["recipient"]["k"],
+            realized["recipient"]["v"],
+            realized["donor"]["k"],
+            realized["donor"]["v"],
+            strict=True,
+        )
+    ):
+        assert torch.equal(rv, dv), layer
+        assert _rel(rk, rerotate_keys(dk, delta, rope)) < 1e-6, layer
+        # The row at release still holds the realized K/V at E's positions.
+        assert torch.equal(warm_row["k"][layer][start : start + n], rk), layer
+        assert torch.equal(warm_row["v"][layer][start : start + n], rv), layer
+        # The exact prefix [S] is SGLang's own, identical to the cold arm's.
+        assert _rel(warm_row["k"][layer][:start], cold_row["k"][layer][:start]) < 1e-3, layer
+        assert _rel(warm_row["v"][layer][:start], cold_row["v"][layer][:start]) < 1e-3, layer
+    assert_healthy(server)
