@@ -387,9 +387,14 @@ class Server:
 
 
 def _has_torchvision() -> bool:
+    """A real torchvision is installed (the import-only stub, which the harness tests may have put
+    on this process's sys.path, does not count: the server's processes need it on PYTHONPATH)."""
     import importlib.util
 
-    return importlib.util.find_spec("torchvision") is not None
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None or spec.origin is None:
+        return False
+    return not Path(spec.origin).resolve().is_relative_to(STUBS.resolve())
 
 
 def stream_generate(
