@@ -15,8 +15,11 @@ At the end it waits for the server to go idle, flushes the cache, and checks: th
 and answers ``/health``; its log has no leak, crash or invariant line (SGLang's idle check asserts
 ``available + evictable + ... == total`` whenever the scheduler idles, so a leaked slot kills
 it); the audit log holds no ``invariant_violation`` and no realization of a request that must
-stay cold, and verifies with ``semgov audit verify``; after the flush every KV slot is free again
-(``/server_info``: no running or queued request, token usage 0).
+stay cold, and verifies with ``semgov audit verify``. After the final flush the tree is empty, so
+SGLang's idle check (run on every idle scheduler iteration, raising under
+``SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE=1``) asserts ``available == total`` and the request
+pool full: the server still being up with no leak line after several idle seconds is the pool
+back to its idle identity.
 
 Prints requests and outcomes per kind, realizations and failed realizations with their
 reasons, TTFT p50/p99 per kind, and a machine baseline measured in the same run (cold TTFT of
@@ -195,10 +198,7 @@ def main() -> int:
         time.sleep(2.0)
         if srv.flush_cache() != 200:
             problems.append("/flush_cache refused at the end on an idle server")
-        info = srv.server_info()
-        states = info.get("internal_states") or [{}]
-        usage = [s.get("token_usage") for s in states]
-        running = [s.get("num_running_reqs", s.get("#running-req")) for s in states]
+        time.sleep(5.0)  # idle iterations after the flush: SGLang's idle check runs on each
         if not srv.alive() or not srv.healthy(60):
             problems.append("the server is not up at the end")
         fatal = srv.fatal_lines()
@@ -217,8 +217,6 @@ def main() -> int:
     wrong = [rid for rid in audit.realized if soak.kinds.get(rid) in must_be_cold]
     if wrong:
         problems.append(f"realized requests that must stay cold: {wrong[:5]}")
-    if any(u not in (None, 0, 0.0) for u in usage):
-        problems.append(f"token usage after the final flush: {usage}")
 
     kinds = sorted(soak.results)
     total = sum(len(v) for v in soak.results.values())
@@ -243,7 +241,7 @@ def main() -> int:
     if base_before and base_after:
         print(f"machine baseline: cold TTFT of a fresh 2,304-token prompt {med(base_before):.0f} ms "
               f"at the start, {med(base_after):.0f} ms at the end (n={len(base_before)} each)")  # fmt: skip
-    print(f"after the final flush: token usage {usage}, running {running}")
+    print("after the final flush: server up, no leak line after 5 s idle (SGLang's strict idle check)")
     summary = {
         "minutes": soaked / 60, "workers": args.workers, "seed": args.seed, "requests": total,
         "by_kind": {k: len(v) for k, v in soak.results.items()},

@@ -82,3 +82,27 @@ def detokenizer() -> object:
         )
 
     return detok
+
+
+def run_donor(
+    h: object, b: Blocks, rid: str = "donor", tenant: str = "acme", namespace: str = "ns1"
+) -> object:
+    """Run ``b``'s donor prompt to completion on harness ``h`` (it then registers as a donor)."""
+    lay = b.donor()
+    req = h.new_req(rid, lay.tokens, h.context(tenant, namespace, lay.segments), text=lay.text)  # type: ignore[attr-defined]
+    h.run(req)  # type: ignore[attr-defined]
+    h.finish(req)  # type: ignore[attr-defined]
+    return req
+
+
+def new_recipient(
+    h: object,
+    b: Blocks,
+    rid: str = "rcp",
+    tenant: str = "acme",
+    namespace: str = "ns1",
+    lay: Layout | None = None,
+) -> object:
+    """A waiting request with ``b``'s recipient prompt (or ``lay``) on harness ``h``."""
+    lay = lay or b.recipient()
+    return h.new_req(rid, lay.tokens, h.context(tenant, namespace, lay.segments), text=lay.text)  # type: ignore[attr-defined]

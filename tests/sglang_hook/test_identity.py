@@ -19,20 +19,7 @@ import pytest
 
 from engine_hooks.sglang.cache import state_of
 from engine_hooks.sglang.guard import held_in_open_free_group
-from tests.sglang_hook.scenario import E_LEN, S_LEN, blocks
-
-
-def _donor(h: Any, b: Any, rid: str = "donor", tenant: str = "acme", namespace: str = "ns1") -> Any:
-    lay = b.donor()
-    req = h.new_req(rid, lay.tokens, h.context(tenant, namespace, lay.segments), text=lay.text)
-    h.run(req)
-    h.finish(req)
-    return req
-
-
-def _recipient(h: Any, b: Any, rid: str = "rcp", tenant: str = "acme", namespace: str = "ns1") -> Any:
-    lay = b.recipient()
-    return h.new_req(rid, lay.tokens, h.context(tenant, namespace, lay.segments), text=lay.text)
+from tests.sglang_hook.scenario import E_LEN, S_LEN, blocks, new_recipient, run_donor
 
 
 def _finish_in_free_group(h: Any, req: Any) -> None:
@@ -49,8 +36,8 @@ def test_release_inside_a_free_group_passes_the_guard(make_harness: Any, page_si
     """A realized recipient released inside SGLang's free group: the guard counts the group, no violation."""
     h = make_harness(page_size=page_size)
     b = blocks()
-    donor = _donor(h, b)
-    rcp = _recipient(h, b)
+    donor = run_donor(h, b)
+    rcp = new_recipient(h, b)
     h.run(rcp)
     assert rcp.skip_radix_cache_insert  # realized
     seen: list[int] = []
@@ -76,8 +63,8 @@ def test_free_group_accounting_is_what_the_bug_missed(make_harness: Any) -> None
 
     h = make_harness()
     b = blocks()
-    _donor(h, b)
-    rcp = _recipient(h, b)
+    run_donor(h, b)
+    rcp = new_recipient(h, b)
     h.run(rcp)
     h.allocator.free_group_begin()
     try:
@@ -99,9 +86,9 @@ def test_twin_rids_get_their_own_plans(make_harness: Any) -> None:
     """Two live requests with one rid (several front ends): each has its own state, decision and KV."""
     h = make_harness()
     b = blocks()
-    _donor(h, b)
+    run_donor(h, b)
     plain = h.new_req("twin", b.recipient().tokens, None)  # same rid, no context
-    rcp = _recipient(h, b, rid="twin")
+    rcp = new_recipient(h, b, rid="twin")
     h.match(plain)
     h.match(rcp)
     assert state_of(plain) is not state_of(rcp)
@@ -121,9 +108,9 @@ def test_another_tenants_request_under_a_donors_rid_keeps_that_donor(make_harnes
     """globex finishing a request with acme's donor rid adds a donor; acme's stays and is reused."""
     h = make_harness()
     b = blocks()
-    acme = _donor(h, b, rid="same")
-    globex = _donor(h, blocks(seed=3), rid="same", tenant="globex")
-    rcp = _recipient(h, b)
+    acme = run_donor(h, b, rid="same")
+    globex = run_donor(h, blocks(seed=3), rid="same", tenant="globex")
+    rcp = new_recipient(h, b)
     h.run(rcp)  # drains both registrations, then decides
     assert h.tree.gov.donor_count() == 2
     ids = {h.tree.donor_id(state_of(acme)), h.tree.donor_id(state_of(globex))}
@@ -140,8 +127,8 @@ def test_retracted_recipient_keeps_its_decision_and_is_realized_again(make_harne
 
     h = make_harness()
     b = blocks()
-    _donor(h, b)
-    rcp = _recipient(h, b)
+    run_donor(h, b)
+    rcp = new_recipient(h, b)
     h.run(rcp)
     st = state_of(rcp)
     first = st.chosen.record["decision_id"]
@@ -176,7 +163,7 @@ def test_hostile_extra_keys_never_raise_out_of_match_prefix(make_harness: Any, e
     """Non-ASCII, lone surrogates, huge keys: matched without semantic reuse, no exception."""
     h = make_harness()
     b = blocks()
-    _donor(h, b)
+    run_donor(h, b)
     req = h.new_req("hostile", b.recipient().tokens, extra_key)
     h.run(req)
     assert state_of(req).context is None and not req.skip_radix_cache_insert
@@ -189,7 +176,7 @@ def test_valid_token_with_trailing_garbage_is_not_a_context(make_harness: Any) -
     """A valid token followed by a lone surrogate or junk (no LoRA) is refused: served without reuse."""
     h = make_harness()
     b = blocks()
-    _donor(h, b)
+    run_donor(h, b)
     lay = b.recipient()
     for tail in ("\udcff", "X", "\U0001f600"):
         req = h.new_req(f"tail-{len(tail)}", lay.tokens, h.context(segments=lay.segments) + tail)

@@ -8,22 +8,7 @@ import pytest
 import torch
 
 from engine_hooks.sglang.cache import state_of
-from tests.sglang_hook.scenario import E_LEN, I_LEN, S_LEN, blocks
-
-
-def _donor(h: Any, b: Any, rid: str = "donor", tenant: str = "acme", namespace: str = "ns1") -> Any:
-    lay = b.donor()
-    req = h.new_req(rid, lay.tokens, h.context(tenant, namespace, lay.segments), text=lay.text)
-    h.run(req)
-    h.finish(req)
-    return req
-
-
-def _recipient(
-    h: Any, b: Any, rid: str = "rcp", tenant: str = "acme", namespace: str = "ns1", lay: Any = None
-) -> Any:
-    lay = lay or b.recipient()
-    return h.new_req(rid, lay.tokens, h.context(tenant, namespace, lay.segments), text=lay.text)
+from tests.sglang_hook.scenario import E_LEN, I_LEN, S_LEN, blocks, new_recipient, run_donor
 
 
 def _check_copied(h: Any, req: Any, start: int, n: int) -> None:
@@ -51,8 +36,8 @@ def test_allow_realizes_the_shifted_evidence_into_recipient_slots(
         == {"rust": "RustUnifiedTreeCore", "python": "UnifiedTreeCore"}[tree_core]
     )
     b = blocks()
-    donor = _donor(h, b)
-    rcp = _recipient(h, b)
+    donor = run_donor(h, b)
+    rcp = new_recipient(h, b)
     h.match(rcp)
     assert rcp.prefix_len == S_LEN and rcp.host_hit_length == E_LEN
     h.admit(rcp)
@@ -82,8 +67,8 @@ def test_deny_other_tenant_runs_cold(make_harness: Any) -> None:
     """A donor of another tenant is never a candidate, and the exact tree is keyed apart too."""
     h = make_harness()
     b = blocks()
-    _donor(h, b, tenant="acme")
-    rcp = _recipient(h, b, tenant="globex")
+    run_donor(h, b, tenant="acme")
+    rcp = new_recipient(h, b, tenant="globex")
     h.match(rcp)
     assert rcp.prefix_len == 0  # not even the shared system prompt: keys are per tenant
     assert rcp.host_hit_length == 0
@@ -98,8 +83,8 @@ def test_deny_unrelated_evidence_runs_cold(make_harness: Any) -> None:
     """A candidate whose evidence differs is denied by token verification and nothing is realized."""
     h = make_harness(SEMGOV_PROVIDER="tests.sglang_hook.test_lifecycle:everything_provider")
     b = blocks()
-    _donor(h, b)
-    rcp = _recipient(h, b, lay=b.other_evidence(5))
+    run_donor(h, b)
+    rcp = new_recipient(h, b, lay=b.other_evidence(5))
     h.match(rcp)
     assert h.tree.stats["decisions"] == 1 and h.tree.stats["allowed"] == 0
     assert rcp.host_hit_length == 0
@@ -142,8 +127,8 @@ def test_decisions_are_made_once_per_request_across_rounds(make_harness: Any) ->
     """match_prefix on every scheduling round decides once, allocates nothing and pins nothing."""
     h = make_harness()
     b = blocks()
-    _donor(h, b)
-    rcp = _recipient(h, b)
+    run_donor(h, b)
+    rcp = new_recipient(h, b)
     free = h.allocator.available_size()
     for _ in range(5):
         h.match(rcp)
@@ -161,8 +146,8 @@ def test_matched_but_never_admitted_then_aborted_leaves_nothing(make_harness: An
     """A waiting request that is decided and aborted leaves no pin, no slot and no state behind."""
     h = make_harness()
     b = blocks()
-    _donor(h, b)
-    rcp = _recipient(h, b)
+    run_donor(h, b)
+    rcp = new_recipient(h, b)
     h.match(rcp)
     assert h.tree.pins == 0 and h.tree.protected_size() == 0
     h.abort_waiting(rcp)
@@ -173,8 +158,8 @@ def test_realized_then_aborted_before_row_allocation_frees_the_copy(make_harness
     """Realized slots that never reached a row are freed when the request is aborted."""
     h = make_harness()
     b = blocks()
-    _donor(h, b)
-    rcp = _recipient(h, b)
+    run_donor(h, b)
+    rcp = new_recipient(h, b)
     h.match(rcp)
     h.admit(rcp)
     assert h.tree.pending_private() == E_LEN
@@ -188,8 +173,8 @@ def test_running_recipient_aborted_frees_its_row(make_harness: Any) -> None:
     """A running recipient aborted mid-flight frees its realized slots with its row."""
     h = make_harness()
     b = blocks()
-    _donor(h, b)
-    rcp = _recipient(h, b)
+    run_donor(h, b)
+    rcp = new_recipient(h, b)
     h.run(rcp)
     h.finish(rcp, abort=True)
     h.assert_clean()
@@ -201,10 +186,10 @@ def test_donor_evicted_before_the_recipient_arrives_means_cold(make_harness: Any
 
     h = make_harness()
     b = blocks()
-    _donor(h, b)
+    run_donor(h, b)
     h.tree.evict(EvictParams(num_tokens=h.size))
     assert h.tree.evictable_size() == 0
-    rcp = _recipient(h, b)
+    rcp = new_recipient(h, b)
     h.run(rcp)
     assert rcp.prefix_len == 0 and not rcp.skip_radix_cache_insert
     assert h.tree.gov.donor_count() == 0
@@ -218,8 +203,8 @@ def test_donor_evicted_between_decision_and_admission_runs_cold(make_harness: An
 
     h = make_harness()
     b = blocks()
-    _donor(h, b)
-    rcp = _recipient(h, b)
+    run_donor(h, b)
+    rcp = new_recipient(h, b)
     h.match(rcp)
     assert rcp.host_hit_length == E_LEN
     h.tree.evict(EvictParams(num_tokens=h.size))
@@ -238,8 +223,8 @@ def test_donor_is_pinned_while_the_copy_allocates(make_harness: Any, monkeypatch
     """Eviction for the realization's own allocation cannot take the donor it copies from."""
     h = make_harness()
     b = blocks()
-    _donor(h, b)
-    rcp = _recipient(h, b)
+    run_donor(h, b)
+    rcp = new_recipient(h, b)
     h.match(rcp)
     seen: list[int] = []
     real_alloc = h.tree._alloc
@@ -264,8 +249,8 @@ def test_token_mismatch_at_realization_falls_back_cold(make_harness: Any) -> Non
     """If the live donor no longer holds the decided tokens, nothing is copied and the run is cold."""
     h = make_harness()
     b = blocks()
-    _donor(h, b)
-    rcp = _recipient(h, b)
+    run_donor(h, b)
+    rcp = new_recipient(h, b)
     h.match(rcp)
     st = state_of(rcp)
     forged = list(st.donor.token_ids)
@@ -285,8 +270,8 @@ def test_chunked_prefill_after_realization(make_harness: Any, page_size: int) ->
     """A recipient prefilled in chunks keeps the realized prefix and stays within the invariant."""
     h = make_harness(page_size=page_size)
     b = blocks()
-    _donor(h, b)
-    rcp = _recipient(h, b)
+    run_donor(h, b)
+    rcp = new_recipient(h, b)
     h.run(rcp, chunk=8)
     assert rcp.prefix_len == S_LEN + E_LEN
     while rcp.extend_end < len(rcp.full_untruncated_fill_ids):
@@ -319,8 +304,8 @@ def test_short_unmatched_tail_asks_for_no_candidates(make_harness: Any) -> None:
     """When the exact match leaves fewer than min_unmatched_tokens, no donor is looked up."""
     h = make_harness(SEMGOV_MIN_UNMATCHED_TOKENS=str(E_LEN + 100))
     b = blocks()
-    _donor(h, b)
-    rcp = _recipient(h, b)
+    run_donor(h, b)
+    rcp = new_recipient(h, b)
     h.run(rcp)
     assert h.tree.stats["decided_requests"] == 0 and rcp.prefix_len == S_LEN
     h.finish(rcp)
@@ -331,7 +316,7 @@ def test_namespace_isolation_in_the_exact_tree(make_harness: Any) -> None:
     """The same tokens in another namespace share no exact-prefix node."""
     h = make_harness()
     b = blocks()
-    _donor(h, b, namespace="ns1")
+    run_donor(h, b, namespace="ns1")
     r = h.new_req("r", b.donor().tokens, h.context("acme", "ns2", b.donor().segments))
     h.match(r)
     assert r.prefix_len == 0 and r.host_hit_length == 0
@@ -343,8 +328,8 @@ def test_realization_event_names_decision_tokens_and_slots(make_harness: Any) ->
     """The realization's engine event carries the allowing decision id, the token count and slots."""
     h = make_harness()
     b = blocks()
-    _donor(h, b)
-    rcp = _recipient(h, b)
+    run_donor(h, b)
+    rcp = new_recipient(h, b)
     h.run(rcp)
     recs = h.records()
     decision = next(r for r in recs if r["schema"] == "semgov.decision/v1")
@@ -369,11 +354,11 @@ def test_donor_with_pii_is_denied_and_the_recipient_runs_cold(make_harness: Any)
     ev = list(b0.evidence)
     ev[100] = EMAIL_TOKEN
     b = Blocks(b0.system, b0.instruction, ev, b0.q1, b0.q2)
-    dreq = _donor(h, b)
+    dreq = run_donor(h, b)
     assert h.tree.gov.drain_donors() == 1
     entry = h.tree.gov.donor(h.tree.donor_id(state_of(dreq)))
     assert entry.provenance["payload"]["pii"] == {"scanned": True, "entities": ["EMAIL_ADDRESS"]}
-    rcp = _recipient(h, b)
+    rcp = new_recipient(h, b)
     h.run(rcp)
     assert rcp.prefix_len == S_LEN and not rcp.skip_radix_cache_insert
     (decision,) = [r for r in h.records() if r["schema"] == "semgov.decision/v1"]
@@ -387,9 +372,9 @@ def test_async_registration_makes_donors_visible_on_a_later_round(make_harness: 
     """With background registration a donor appears to the provider once registered, never half-built."""
     h = make_harness(SEMGOV_ASYNC_REGISTRATION="1")
     b = blocks()
-    _donor(h, b)
+    run_donor(h, b)
     assert h.tree.gov.wait_registrations(30)
-    rcp = _recipient(h, b)
+    rcp = new_recipient(h, b)
     h.run(rcp)  # match_prefix drains the registered donor first
     assert rcp.prefix_len == S_LEN + E_LEN
     h.finish(rcp)
@@ -400,8 +385,8 @@ def test_reset_forgets_plans_pins_and_donors(make_harness: Any) -> None:
     """Flushing the tree (SGLang's reset) drops every plan, pin and donor: their KV is gone."""
     h = make_harness()
     b = blocks()
-    _donor(h, b)
-    rcp = _recipient(h, b)
+    run_donor(h, b)
+    rcp = new_recipient(h, b)
     h.match(rcp)
     assert h.tree.pins == 0 and state_of(rcp) is not None and state_of(rcp).chosen is not None
     # A paused engine flushes with requests still waiting: what flush_cache does, in its order.

@@ -93,6 +93,21 @@ def _server_problems(server: Server, out: Outcome) -> None:
     out.expect(not bad, "server log: " + " | ".join(bad[:3]))
 
 
+def _fresh_pair_realizes(server: Server, tag: str, out: Outcome, when: str) -> AuditSummary:
+    """A new donor/recipient pair is realized (the server still reuses ``when``); reads the audit."""
+    gw = server.gateway
+    p = pair_prompts(f"{tag}-after", e_len=1024)
+    ns = f"ns-{tag}-after"
+    d = server.generate(p.donor, rid=f"{tag}-after-d", extra_key=gw.token("acme", ns, p.donor_segs))
+    settle(server)
+    w = server.generate(p.recipient, rid=f"{tag}-after-r", extra_key=gw.token("acme", ns, p.recipient_segs))
+    _sent(out, [d, w])
+    audit = _audit(server)
+    out.absorb(audit, f"{tag}-")
+    out.expect(audit.realized.get(f"{tag}-after-r") == 1024, f"no realization {when}")
+    return audit
+
+
 # ---- cohorts --------------------------------------------------------------------------------
 
 
@@ -270,16 +285,7 @@ def aborts(server: Server, tag: str, n: int = 8) -> Outcome:
     results = run_concurrently(jobs, workers=len(jobs))
     _sent(out, list(results), failures_ok=True)  # aborted requests end without output, by design
     time.sleep(2.0)
-    # Afterwards the server works and reuse still happens.
-    p = pair_prompts(f"{tag}-after", e_len=1024)
-    ns = f"ns-{tag}-after"
-    d = server.generate(p.donor, rid=f"{tag}-after-d", extra_key=gw.token("acme", ns, p.donor_segs))
-    settle(server)
-    w = server.generate(p.recipient, rid=f"{tag}-after-r", extra_key=gw.token("acme", ns, p.recipient_segs))
-    _sent(out, [d, w])
-    audit = _audit(server)
-    out.absorb(audit, f"{tag}-")
-    out.expect(audit.realized.get(f"{tag}-after-r") == 1024, "no realization after the aborts")
+    _fresh_pair_realizes(server, tag, out, "after the aborts")
     out.notes.append(f"{sum(1 for r in results if not r.ok)} of {len(results)} requests ended by the client")
     _server_problems(server, out)
     return out
@@ -343,15 +349,7 @@ def flush_under_load(server: Server, tag: str, n: int = 12) -> Outcome:
     _sent(out, list(results))
     time.sleep(1.0)
     out.expect(server.flush_cache() == 200, "/flush_cache refused on an idle server")
-    p = pair_prompts(f"{tag}-after", e_len=1024)
-    ns = f"ns-{tag}-after"
-    d = server.generate(p.donor, rid=f"{tag}-after-d", extra_key=gw.token("acme", ns, p.donor_segs))
-    settle(server)
-    w = server.generate(p.recipient, rid=f"{tag}-after-r", extra_key=gw.token("acme", ns, p.recipient_segs))
-    _sent(out, [d, w])
-    audit = _audit(server)
-    out.absorb(audit, f"{tag}-")
-    out.expect(audit.realized.get(f"{tag}-after-r") == 1024, "no realization after the flush")
+    _fresh_pair_realizes(server, tag, out, "after the flush")
     out.notes.append(f"flush calls during load: {len(codes)} ({sum(1 for c in codes if c == 200)} accepted)")
     _server_problems(server, out)
     return out
