@@ -19,7 +19,9 @@ stay cold, and verifies with ``semgov audit verify``. After the final flush the 
 SGLang's idle check (run on every idle scheduler iteration, raising under
 ``SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE=1``) asserts ``available == total`` and the request
 pool full: the server still being up with no leak line after several idle seconds is the pool
-back to its idle identity.
+back to its idle identity. From outside, ``GET /v1/loads`` must say the same: its
+``num_used_tokens`` is ``max_total_num_tokens - (available + evictable)``, computed live, so at
+idle any slot neither free nor in the tree (a leak) counts there.
 
 Prints requests and outcomes per kind, realizations and failed realizations with their
 reasons, TTFT p50/p99 per kind, and a machine baseline measured in the same run (cold TTFT of
@@ -48,6 +50,7 @@ from tests.sglang_server.rig import (  # noqa: E402 - the checkout on sys.path f
     Server,
     block,
     launch,
+    loads,
     pair_prompts,
     read_audit,
     server_configs,
@@ -194,11 +197,16 @@ def main() -> int:
         ft.join()
         soaked = time.monotonic() - t_start
         base_after = baseline(srv, "after")
-        wait_idle(srv)
+        if not wait_idle(srv):
+            problems.append("the server never went idle after the traffic stopped")
         time.sleep(2.0)
         if srv.flush_cache() != 200:
             problems.append("/flush_cache refused at the end on an idle server")
         time.sleep(5.0)  # idle iterations after the flush: SGLang's idle check runs on each
+        # NOTE: read before /health, which runs a one-token generation and caches it.
+        used = [(int(x["num_used_tokens"]), int(x["max_total_num_tokens"])) for x in loads(srv)]
+        if any(u != 0 for u, _ in used):
+            problems.append(f"KV slots neither free nor cached at idle: {used} (used, total)")
         if not srv.alive() or not srv.healthy(60):
             problems.append("the server is not up at the end")
         fatal = srv.fatal_lines()
@@ -241,7 +249,11 @@ def main() -> int:
     if base_before and base_after:
         print(f"machine baseline: cold TTFT of a fresh 2,304-token prompt {med(base_before):.0f} ms "
               f"at the start, {med(base_after):.0f} ms at the end (n={len(base_before)} each)")  # fmt: skip
-    print("after the final flush: server up, no leak line after 5 s idle (SGLang's strict idle check)")
+    print(
+        f"idle after the final flush: /v1/loads num_used_tokens {[u for u, _ in used]} "
+        f"of {[t for _, t in used]}"
+    )
+    print("server up, no leak line after 5 s idle (SGLang's strict idle check)")
     summary = {
         "minutes": soaked / 60, "workers": args.workers, "seed": args.seed, "requests": total,
         "by_kind": {k: len(v) for k, v in soak.results.items()},

@@ -652,18 +652,23 @@ def run_concurrently(jobs: Sequence[Any], workers: int) -> list[Any]:
         return list(ex.map(lambda j: j(), jobs))
 
 
-def wait_idle(server: Server, timeout: float = 60.0) -> None:
-    """Wait until the scheduler reports no running or queued requests (GET /server_info)."""
+def loads(server: Server) -> list[dict[str, Any]]:
+    """SGLang's per-scheduler load report (``GET /v1/loads``): running and waiting requests,
+    ``num_used_tokens`` (KV slots not free, the tree's included), ``max_total_num_tokens``."""
+    status, body = server.get("/v1/loads")
+    if status != 200:
+        raise RigError(f"GET /v1/loads: HTTP {status}")
+    return list(json.loads(body)["loads"])
+
+
+def wait_idle(server: Server, timeout: float = 60.0) -> bool:
+    """Wait until no scheduler reports a running or waiting request; False on timeout."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            info = server.server_info()
-            loads = info.get("internal_states") or [{}]
-            busy = any(
-                int(s.get("num_running_reqs", 0) or 0) + int(s.get("num_waiting_reqs", 0) or 0) for s in loads
-            )
-            if not busy:
-                return
-        except (RigError, OSError, http.client.HTTPException, ValueError, TypeError):
+            if all(int(x["num_running_reqs"]) + int(x["num_waiting_reqs"]) == 0 for x in loads(server)):
+                return True
+        except (RigError, OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
             pass
         time.sleep(0.5)
+    return False

@@ -535,7 +535,7 @@ def pressure(server: Server, tag: str, rounds: int = 2) -> Outcome:
     out = Outcome(f"pressure[{tag}]")
     gw = server.gateway
     for i in range(rounds):
-        wait_idle(server)
+        out.expect(wait_idle(server), "the server did not go idle before the round")
         out.expect(server.flush_cache() == 200, "/flush_cache refused on an idle server")
         p = pair_prompts(f"{tag}-{i}", e_len=2048)
         ns = f"ns-{tag}-{i}"
