@@ -91,6 +91,10 @@ class HookFiles:
             "SEMGOV_ASYNC_REGISTRATION": "0",
             "SEMGOV_STRICT": "1",
             "SEMGOV_DETOKENIZER": "tests.sglang_hook.scenario:detokenizer",
+            # Behaviour, not speed, is under test: a loaded CI machine must not turn an allow into a
+            # timeout deny. The tests of the timeouts themselves set them low.
+            "SEMGOV_DECISION_TIMEOUT_MS": "30000",
+            "SEMGOV_AUDIT_WAIT_MS": "10000",
         }
         env.update(over)
         return env

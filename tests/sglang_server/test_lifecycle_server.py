@@ -74,5 +74,5 @@ def test_hostile_extra_keys_keep_the_scheduler_up(server: Server) -> None:
 def test_memory_pressure_evicts_donors_and_retracts(small: Server) -> None:
     """A pool too small for the traffic: eviction and retraction, accounting intact, server up."""
     out = scenarios.pressure(small, "pr")
-    assert not out.problems, out.problems
+    assert not out.problems, (out.problems, out.notes)
     assert_healthy(small)
