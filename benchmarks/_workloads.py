@@ -83,6 +83,8 @@ class Workload:
             expires_at=datetime(2026, 12, 5, 10, tzinfo=UTC),
             policy_version="default@1",
             token_ids=donor["token_ids"],
+            segments=donor["segments"],
+            text=donor.get("text"),
         )
         provenance = sign_provenance(payload, self.prov)
         if cohort == "tampered":  # edited after signing

@@ -13,7 +13,9 @@ writer is free) two runs on a fresh log:
   of append -> ticket durable on every 16th record: the latency a caller sees at that load.
 
 The process (both threads) is pinned to one core; the log directory defaults to a temporary one
-next to the working directory (same file system as a real ./audit/log).
+next to the working directory (same file system as a real ./audit/log). Every batch ends with a
+seal (one Ed25519 signature by the writer thread, written with the batch, in the same fsync).
+A machine baseline (fsync, Ed25519, SHA-256, load) is printed before and after the runs.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -28,8 +31,12 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from semgov.audit.store import AuditLog, Ticket
-from semgov.keys import SigningKey
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._machine import baseline  # noqa: E402
+from semgov.audit.store import AuditLog, Ticket  # noqa: E402
+from semgov.keys import SigningKey  # noqa: E402
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -138,6 +145,7 @@ def main() -> int:
     parent = Path(tempfile.mkdtemp(prefix="audit-bench-", dir=args.dir or Path.cwd()))
     try:
         print(f"{args.size}-byte records, pinned to core {args.core}, logs under {parent}")
+        print(baseline(parent), flush=True)
         k = 0
         for ci in (0.002, 0.0):
             label = f"commit_interval={ci * 1e3:g} ms"
@@ -148,6 +156,7 @@ def main() -> int:
                 k += 1
                 res = run_paced(parent / f"p{k}", key, args.paced_n, args.size, args.rate, ci)
                 print(f"{label:22} paced     n={args.paced_n:<8}{res}", flush=True)
+        print(baseline(parent))
     finally:
         shutil.rmtree(parent, ignore_errors=True)
     return 0

@@ -2,6 +2,12 @@
 
 Usage: python benchmarks/hostile.py [--budget 100000] [--seed 20261129] [--targets a,b,...]
        [--time-limit-ms 2000] [--engine auto|yaml|regorus] [--jobs 2] [--save DIR]
+       [--semantic N [--semantic-only]]
+
+``--semantic N`` adds the semantic mode (``benchmarks/hostile_semantic.py``): N well-formed,
+validly signed inputs whose meaning differs from what was signed (task pairs that join alike,
+relabelled segments, swapped or unsigned text, times 1 ns past a boundary, ...), each of which
+must be denied by the YAML engine and regorus.
 
 Targets (``benchmarks/hostile_targets.py``; share of the budget in brackets):
 
@@ -87,6 +93,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-atheris", action="store_true", help="give atheris's share to the random engine")
     p.add_argument("--save", type=Path, metavar="DIR", help="write every finding's input under DIR")
     p.add_argument("--verbose", action="store_true", help="list every kind of finding and lax accept")
+    p.add_argument("--semantic", type=int, default=0, metavar="N",
+                   help="also run N inputs of the semantic mode (benchmarks/hostile_semantic.py): "
+                        "well-formed, validly signed inputs whose meaning differs from what was signed; "
+                        "each must be denied")  # fmt: skip
+    p.add_argument("--semantic-only", action="store_true", help="run only the semantic mode (--semantic N)")
     # Internal: one worker process.
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--job", help=argparse.SUPPRESS)
@@ -101,6 +112,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.worker:
         return hr.worker_main(args)
+    semantic = 0
+    if args.semantic:
+        from benchmarks.hostile_semantic import run as run_semantic
+
+        semantic = run_semantic(args.semantic, args.seed)
+        if args.semantic_only or semantic == 3:
+            return semantic
     from benchmarks.hostile_targets import TARGETS
 
     names = list(TARGETS) if not args.targets else [n.strip() for n in args.targets.split(",") if n.strip()]
@@ -132,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     wall = time.monotonic() - t0
-    return report([tallies[n] for n in names if n in tallies], wall, verbose=args.verbose)
+    return max(report([tallies[n] for n in names if n in tallies], wall, verbose=args.verbose), semantic)
 
 
 def _have_atheris() -> bool:

@@ -1246,6 +1246,8 @@ def must_deny_input(doc: Any) -> str:
         "payload_valid": True,
         "donor_id_matches": True,
         "token_hash_matches": True,
+        "segments_hash_matches": True,
+        "text_hash_matches": True,
     }
     if prov.get("key_status") != "trusted" or any(prov.get(k) is not x for k, x in good.items()):
         return "unverified provenance"
@@ -1287,7 +1289,7 @@ class PolicyInputTarget(Target):
         seed = json.loads(ch.pick(self.seed_list))
         if ch.chance(0.85):
             tree, _ = mutate_json(
-                ch, seed, focus=lambda p: bool(p) and p[0] in ("facts", "candidate", "now_us")
+                ch, seed, focus=lambda p: bool(p) and p[0] in ("facts", "candidate", "now_ns")
             )
             return encode(dumps(tree))
         data = json.dumps(seed).encode()
@@ -1402,6 +1404,13 @@ class AuditFixture:
                     detail=f"hostile campaign {kind}",
                 )
                 records.append(sign_engine_event(e, ctx.decision_key).canonical)
+            # What the writer under test appends: a genuine record not in the log (a second copy
+            # of a logged one would be a duplicate event id, which verify rightly reports).
+            appended = engine_event(
+                "reuse_disabled", engine="sglang 0.5.23", at=datetime(2026, 11, 29, 11, tzinfo=UTC),
+                detail="hostile campaign: appended by the writer under test",
+            )  # fmt: skip
+            self.extra = sign_engine_event(appended, ctx.decision_key).canonical
         self.records = records  # 44 leaves: decisions, then four engine events
         self.closed = base / "closed"
         self.crashed = base / "crashed"
@@ -1444,7 +1453,7 @@ class AuditFixture:
 
     @staticmethod
     def _frames(log: bytes) -> list[bytes]:
-        """The log's frames, split by hand: index u64 | length u32 | sha256 | record."""
+        """The log's frames (records and seals), split by hand: index u64 | length u32 | sha256 | payload."""
         out, off = [], 0
         while off + 44 <= len(log):
             (length,) = struct.unpack(">I", log[off + 8 : off + 12])
@@ -1577,6 +1586,8 @@ class AuditLogTarget(Target):
         frames = AuditFixture._frames(log)
         k = ch.int(0, 8)
         i = ch.int(0, len(frames) - 1)
+        if k in (4, 5):  # a record's content is edited: pick a record frame, not a seal
+            i = ch.pick([n for n, f in enumerate(frames) if not _is_seal(f)])
         if k == 0:  # byte-level damage anywhere
             data = log
             for _ in range(ch.int(1, 3)):
@@ -1592,7 +1603,7 @@ class AuditLogTarget(Target):
         elif k == 4:  # a record edited and its frame re-hashed (the frame itself checks out)
             rec = json.loads(frames[i][44:])
             tree, _ = mutate_json(ch, rec, rounds=1)
-            frames[i] = _frame(i, encode(dumps(tree)))
+            frames[i] = _frame(struct.unpack(">Q", frames[i][:8])[0], encode(dumps(tree)))
         elif (
             k == 5
         ):  # a record edited, re-signed with the real key, frame re-hashed: only checkpoints catch it
@@ -1603,12 +1614,16 @@ class AuditLogTarget(Target):
             rec[field] = ch.pick(("globex", "acme", str(rec[field]) + "x"))
             try:
                 signed = sign_record(rec, self.ctx.decision_key)
-                frames[i] = _frame(i, canonical(signed) or b"{}")
+                frames[i] = _frame(struct.unpack(">Q", frames[i][:8])[0], canonical(signed) or b"{}")
             except Exception:  # noqa: BLE001
                 pass
-        elif k == 6:  # frames re-numbered after a deletion (index and hash rewritten)
+        elif k == 6:  # record frames re-numbered after a deletion (index and hash rewritten; seals kept)
             del frames[i]
-            frames = [_frame(n, f[44:]) for n, f in enumerate(frames)]
+            renumbered, n = [], 0
+            for f in frames:
+                renumbered.append(f if _is_seal(f) else _frame(n, f[44:]))
+                n += not _is_seal(f)
+            frames = renumbered
         elif k == 7:  # truncated inside or at a frame
             data = b"".join(frames)
             return data[: ch.int(0, len(data))]
@@ -1678,7 +1693,7 @@ class AuditLogTarget(Target):
             self._located(log, d, v)
             return v
         try:
-            call(log.append, fx.records[0])
+            call(log.append, fx.extra)
         finally:
             call(log.close, allowed=(AuditLogError,))
         after = call(
@@ -1722,20 +1737,27 @@ class AuditLogTarget(Target):
             floor = max(floor, int(n.split(b"\n")[1]))
         path = d / "records.log"
         log = path.read_bytes() if path.is_file() else b""
-        frames = AuditFixture._frames(log)
-        orig = AuditFixture._frames(fx.original[src]["records.log"])
-        pairs = list(zip(frames, orig, strict=False))  # the acknowledged frames still there
+        all_frames = AuditFixture._frames(log)
+        frames, seals = _records_and_seals(all_frames)
+        orig, orig_seals = _records_and_seals(AuditFixture._frames(fx.original[src]["records.log"]))
+        pairs = list(zip(frames, orig, strict=False))  # the acknowledged record frames still there
         acked_changed = any(f != o and not self._genuine(i, f) for i, (f, o) in enumerate(pairs))
         for f, o in pairs:
             if f != o and f[8:] == o[8:]:
                 return "a frame's index field altered (record bytes intact)", acked_changed
         if frames[:floor] != orig[:floor] or len(frames) < floor:
             return "a checkpointed record changed or is missing", acked_changed
-        if b"".join(frames) != log:
+        if b"".join(all_frames) != log:
             return "bytes after the last whole frame", acked_changed
         for i, f in enumerate(frames):
             if (i >= len(orig) or f != orig[i]) and not self._genuine(i, f):
                 return "a frame past the checkpoints is not a genuine record", acked_changed
+        # NOTE: a seal is the writer's signed tree head after a batch. Removing one loses nothing
+        # (later seals and checkpoints sign the whole prefix; removing the last leaves its records
+        # unanchored, which verify reports); a seal that is not one of the log's own, stands
+        # elsewhere, or repeats, is tampering.
+        if not set(seals) <= set(orig_seals) or len({n for n, _ in seals}) != len(seals):
+            return "a seal frame that is not the log's own where it stood, or repeated", acked_changed
         return "", acked_changed
 
     def _genuine(self, i: int, f: bytes) -> bool:
@@ -1754,6 +1776,23 @@ class AuditLogTarget(Target):
             and canonical(r.value) == rec
             and ed25519_ok(self.ctx.public_key.public_bytes_raw(), sig, body)
         )
+
+
+def _is_seal(frame: bytes) -> bool:
+    """A seal frame: the top bit of its index field is set (docs/formats.md)."""
+    return bool(frame[0] & 0x80)
+
+
+def _records_and_seals(frames: list[bytes]) -> tuple[list[bytes], list[tuple[int, bytes]]]:
+    """Record frames in order, and each seal frame with the number of record frames before it."""
+    records: list[bytes] = []
+    seals: list[tuple[int, bytes]] = []
+    for f in frames:
+        if _is_seal(f):
+            seals.append((len(records), f))
+        else:
+            records.append(f)
+    return records, seals
 
 
 def _frame(index: int, rec: bytes) -> bytes:

@@ -272,6 +272,8 @@ def core_pool(
             expires_at=datetime(2026, 12, 5, 10, tzinfo=UTC),
             policy_version="default@1",
             token_ids=donor["token_ids"],
+            segments=donor["segments"],
+            text=donor.get("text"),
         )
         cand = {
             "donor_id": f"d-{k}",

@@ -435,6 +435,8 @@ def payload(donor: Call, prompt: Json, **changes: Any) -> Json:
         expires_at=donor.received_at + TTL,
         policy_version=POLICY_VERSION,
         token_ids=prompt["token_ids"],
+        segments=prompt["segments"],
+        text=prompt.get("text"),
     )
     p.update(changes)
     return p

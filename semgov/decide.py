@@ -7,14 +7,17 @@ becomes a gate ``error`` and a signed ``deny``.
 
 from __future__ import annotations
 
+import bisect
 import concurrent.futures
 import itertools
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from semgov._internal.deadline import Clock, Deadline, DeadlineExceeded
 from semgov._internal.log import get_logger
 from semgov._internal.pii import PiiScanner
 from semgov._internal.timefmt import rfc3339
@@ -25,8 +28,8 @@ from semgov.engine import ApprovedSpan, EngineResult, GateOutcome, PolicyEngine,
 from semgov.facts import FactContext, PreparedPrompt, compute_facts
 from semgov.keys import Keyring, SigningKey
 from semgov.limits import LimitError, Limits, resolve
-from semgov.models import DECISION_SCHEMA, GATES, CapturedRequest, Prompt
-from semgov.policy_input import PolicyInput
+from semgov.models import DECISION_SCHEMA, GATES, Candidate, CapturedRequest, Prompt
+from semgov.policy_input import PolicyInput, SpanFacts
 from semgov.records import sign_record
 
 
@@ -59,6 +62,39 @@ def _over_limit(reason: str) -> EngineResult:
     return _engine_failure(f"input limit exceeded: {reason}")
 
 
+def _late(timeout: float) -> EngineResult:
+    """A candidate whose facts were not computed within the decision timeout: every gate ``error``."""
+    return _engine_failure(f"fact computation exceeded {timeout:g} s (the decision timeout); not decided")
+
+
+class _Verified:
+    """The verified spans, indexed for containment queries in O(log V).
+
+    NOTE: per (diagonal, kind), spans sorted by recipient start with the running maximum of their
+    ends: a span lies inside one of them iff, among those starting at or before it, the furthest
+    end reaches its end. Exactly the old linear ``any(...)`` test, whether or not spans overlap.
+    """
+
+    def __init__(self, spans: Sequence[SpanFacts]) -> None:
+        groups: dict[tuple[int, str], list[tuple[int, int]]] = {}
+        key: tuple[int, str]
+        for v in spans:
+            key = (v.donor_start - v.recipient_start, v.kind)
+            groups.setdefault(key, []).append((v.recipient_start, v.recipient_start + v.length))
+        self._index: dict[tuple[int, str], tuple[list[int], list[int]]] = {}
+        for key, ivs in groups.items():
+            ivs.sort()
+            self._index[key] = ([a for a, _ in ivs], list(itertools.accumulate((b for _, b in ivs), max)))
+
+    def contains(self, s: ApprovedSpan) -> bool:
+        found = self._index.get((s.donor_start - s.recipient_start, s.kind))
+        if found is None:
+            return False
+        starts, reach = found
+        i = bisect.bisect_right(starts, s.recipient_start) - 1
+        return i >= 0 and s.recipient_start + s.length <= reach[i]
+
+
 def checked_result(result: EngineResult, doc: PolicyInput) -> EngineResult:
     """Fail closed on a malformed engine result or on spans that were not verified.
 
@@ -73,17 +109,11 @@ def checked_result(result: EngineResult, doc: PolicyInput) -> EngineResult:
             return _engine_failure(f"engine returned a malformed outcome for gate {g.gate}: {g.result!r}")
     if not all(g.result == "pass" for g in result.gates):
         return EngineResult(result.gates, [])
-    verified = doc.facts.tokens.spans if doc.facts.tokens is not None else []
+    verified = _Verified(doc.facts.tokens.spans if doc.facts.tokens is not None else [])
     ordered = sorted(result.approved_spans, key=lambda s: s.recipient_start)
     overlap = any(a.recipient_start + a.length > b.recipient_start for a, b in itertools.pairwise(ordered))
     for s in result.approved_spans:
-        ok = not overlap and any(
-            v.recipient_start <= s.recipient_start
-            and s.recipient_start + s.length <= v.recipient_start + v.length
-            and s.donor_start - s.recipient_start == v.donor_start - v.recipient_start
-            and s.kind == v.kind
-            for v in verified
-        )
+        ok = not overlap and verified.contains(s)
         if not ok:
             gates = [
                 g
@@ -114,6 +144,12 @@ class Evaluator:
     computed: more than ``max_candidates`` candidates, or a recipient prompt over
     ``max_prompt_tokens`` / ``max_text_chars``, denies every candidate; a donor prompt over them
     denies that candidate. The deny's gates are all ``error``, naming the limit.
+
+    ``engine_timeout`` (seconds) is the decision timeout: each :meth:`evaluate` call gets one
+    deadline, that long after it starts (read on ``monotonic``, default ``time.monotonic``), and both
+    fact computation (checked between candidates and inside the span search) and the policy engine
+    (which gets what is left) must finish by it. A candidate whose facts are not ready by then is a
+    signed deny with every gate ``error`` ("fact computation exceeded ... s").
     """
 
     def __init__(
@@ -126,10 +162,12 @@ class Evaluator:
         engine: PolicyEngine | None = None,
         limits: Limits | None = None,
         engine_timeout: float | None = None,
+        monotonic: Clock = time.monotonic,
     ) -> None:
         if engine_timeout is not None and not engine_timeout > 0:
             raise ValueError(f"engine_timeout must be positive, not {engine_timeout}")
         self.engine_timeout = engine_timeout
+        self.monotonic = monotonic
         self._engine_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._engine_busy: concurrent.futures.Future[Any] | None = None
         self.policy = policy
@@ -188,8 +226,9 @@ class Evaluator:
             get_logger().warning("donor registration scan failed", error=f"{type(e).__name__}: {e}")
             return None
 
-    def _call_engine(self, fn: Callable[[Any], Any], arg: Any) -> Any:
-        """``fn(arg)``, within ``engine_timeout`` when one is set (the engine then runs on a worker thread).
+    def _call_engine(self, fn: Callable[[Any], Any], arg: Any, deadline: Deadline | None = None) -> Any:
+        """``fn(arg)``, within ``engine_timeout`` when one is set (the engine then runs on a worker thread),
+        and by ``deadline`` when one is given (the engine is not called at all once it has passed).
 
         NOTE: a call that times out keeps running (a thread cannot be killed); until it returns,
         every later call fails at once instead of queueing behind it: deny, never wait.
@@ -198,30 +237,36 @@ class Evaluator:
             return fn(arg)
         if self._engine_busy is not None and not self._engine_busy.done():
             raise TimeoutError("the policy engine is still busy with an earlier call that timed out")
+        timeout = self.engine_timeout if deadline is None else min(self.engine_timeout, deadline.remaining())
+        if timeout <= 0:
+            raise TimeoutError(f"no time left within {self.engine_timeout:g} s: fact computation used it all")
         if self._engine_pool is None:
             self._engine_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="semgov-engine")
         fut = self._engine_pool.submit(fn, arg)
         self._engine_busy = fut
         try:
-            return fut.result(timeout=self.engine_timeout)
+            return fut.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
-            raise TimeoutError(f"no answer within {self.engine_timeout:g} s") from None
+            within = f"{self.engine_timeout:g} s"
+            if timeout != self.engine_timeout:
+                within += " (the decision timeout, fact computation included)"
+            raise TimeoutError(f"no answer within {within}") from None
 
-    def decide(self, doc: PolicyInput) -> EngineResult:
+    def decide(self, doc: PolicyInput, deadline: Deadline | None = None) -> EngineResult:
         """Run the engine over one document, failing closed on any engine error or timeout."""
         try:
-            result: EngineResult | Exception = self._call_engine(self.engine.evaluate, doc)
+            result: EngineResult | Exception = self._call_engine(self.engine.evaluate, doc, deadline)
         except Exception as e:  # noqa: BLE001 - fail closed
             result = e
         return self._settle(result, doc)
 
-    def decide_all(self, docs: list[PolicyInput]) -> list[EngineResult]:
+    def decide_all(self, docs: list[PolicyInput], deadline: Deadline | None = None) -> list[EngineResult]:
         """:meth:`decide` for each document; one engine call when the engine has ``evaluate_many``."""
         many = getattr(self.engine, "evaluate_many", None)
         if many is None:
-            return [self.decide(doc) for doc in docs]
+            return [self.decide(doc, deadline) for doc in docs]
         try:
-            results: list[EngineResult | Exception] = list(self._call_engine(many, docs))
+            results: list[EngineResult | Exception] = list(self._call_engine(many, docs, deadline))
             if len(results) != len(docs):
                 raise ValueError(f"evaluate_many gave {len(results)} results for {len(docs)} documents")
         except Exception as e:  # noqa: BLE001 - fail closed
@@ -241,7 +286,11 @@ class Evaluator:
         """Decide and sign every candidate. ``now`` defaults to the request's ``received_at``.
 
         Limits are checked first (see the class): what is over them is denied, never computed.
+        With ``engine_timeout``, facts and engine share one deadline (see the class).
         """
+        deadline = (
+            None if self.engine_timeout is None else Deadline.after(self.engine_timeout, self.monotonic)
+        )
         clock = now if now is not None else req.received_at
         refused = self.limits.request_problem(req)
         if refused is not None:
@@ -254,21 +303,52 @@ class Evaluator:
             if problem is not None:
                 out.append(self._refuse(req, c.donor_id, problem, clock))
                 continue
+            doc = self._facts(req, recipient, c, clock, deadline)
+            if doc is None:
+                out.append(self._sign_result(req, c.donor_id, _late(self.engine_timeout or 0.0), clock))
+                continue
             out.append(None)
-            docs.append(
-                compute_facts(req, recipient, c, config=self.policy.fact_config, ctx=self.ctx, now=clock)
-            )
-        results = self.decide_all(docs)
+            docs.append(doc)
+        results = self.decide_all(docs, deadline)
         decided = iter([self._record(req, doc, r, clock) for doc, r in zip(docs, results, strict=True)])
         return [d if d is not None else next(decided) for d in out]
 
+    def _facts(
+        self,
+        req: CapturedRequest,
+        recipient: PreparedPrompt,
+        cand: Candidate,
+        now: datetime,
+        deadline: Deadline | None,
+    ) -> PolicyInput | None:
+        """The candidate's policy input, or None when the deadline passed before or while computing it.
+
+        NOTE: past the deadline nothing is computed; a span search that runs past it stops at its
+        next check (compute_facts records that as a token error), and the clock, read again here,
+        turns the whole candidate into a deny. Nothing raises out of here for a deadline.
+        """
+        if deadline is not None and deadline.passed():
+            return None
+        try:
+            doc = compute_facts(
+                req, recipient, cand, config=self.policy.fact_config, ctx=self.ctx, now=now, deadline=deadline
+            )
+        except DeadlineExceeded:
+            return None
+        return None if deadline is not None and deadline.passed() else doc
+
     def _refuse(self, req: CapturedRequest, donor_id: str, reason: str, now: datetime) -> SignedDecision:
+        return self._sign_result(req, donor_id, _over_limit(reason), now)
+
+    def _sign_result(
+        self, req: CapturedRequest, donor_id: str, result: EngineResult, now: datetime
+    ) -> SignedDecision:
         return self._sign(
             req.request_id,
             req.tenant,
             req.namespace,
             donor_id,
-            _over_limit(reason),
+            result,
             recipient_tokens=len(req.prompt.token_ids),
             now=now,
         )

@@ -15,8 +15,10 @@ from typing import Literal
 
 from pydantic import ValidationError
 
+from semgov._internal.bindings import segments_sha256, text_sha256
+from semgov._internal.deadline import Deadline
 from semgov._internal.pii import PiiScanner
-from semgov._internal.timefmt import rfc3339, unix_us
+from semgov._internal.timefmt import rfc3339, unix_ns
 from semgov._internal.tokens import U32, SegmentTable, as_tokens, find_spans, token_hash
 from semgov.canonical import canonicalize
 from semgov.fact_config import FactConfig
@@ -117,8 +119,16 @@ def _provenance_facts(
         payload_error=None if payload is not None else str(parsed),
         donor_id_matches=payload is not None and payload.donor_id == cand.donor_id,
         token_hash_matches=payload is not None and payload.token_ids_sha256 == donor_sha256,
+        segments_hash_matches=payload is not None
+        and payload.segments_sha256 == segments_sha256(cand.prompt.segments),
+        text_hash_matches=payload is not None and _text_bound(cand.prompt.text, payload),
     )
     return facts, payload
+
+
+def _text_bound(text: str | None, p: ProvenancePayload) -> bool:
+    """No text, or exactly the text the producer signed (an unsigned text is not the donor's)."""
+    return text is None or (p.text_sha256 is not None and text_sha256(text) == p.text_sha256)
 
 
 def _donor_facts(p: ProvenancePayload) -> DonorFacts:
@@ -129,8 +139,8 @@ def _donor_facts(p: ProvenancePayload) -> DonorFacts:
         response_contract=p.response_contract,
         created_at=rfc3339(p.created_at),
         expires_at=rfc3339(p.expires_at),
-        created_at_us=unix_us(p.created_at),
-        expires_at_us=unix_us(p.expires_at),
+        created_at_ns=unix_ns(p.created_at),
+        expires_at_ns=unix_ns(p.expires_at),
         policy_version=p.policy_version,
         visibility=p.visibility,
     )
@@ -152,8 +162,12 @@ def compute_facts(
     config: FactConfig,
     ctx: FactContext,
     now: datetime,
+    deadline: Deadline | None = None,
 ) -> PolicyInput:
-    """Build the policy input document for one candidate. Never raises for bad data."""
+    """Build the policy input document for one candidate. Never raises for bad data.
+
+    A ``deadline`` is passed to the span search, which stops (a token error) once it has passed.
+    """
     errors: dict[str, str] = {}
     prov_facts = donor_facts = pii_facts = tok_facts = None
     payload: ProvenancePayload | None = None
@@ -184,7 +198,10 @@ def compute_facts(
                     phone_regions=config.phone_regions,
                     entities=config.pii_entities,
                 )
-                text_scanned = True
+                # NOTE: a scan vouches for the donor only if the text scanned is the signed one and
+                # not empty (an unsigned or empty text can add findings, never count as a scan).
+                nonempty = text.strip() != "" or donor.tokens.size == 0
+                text_scanned = payload is not None and _text_bound(text, payload) and nonempty
             pii_facts = PiiFacts(
                 provenance_scanned=payload.pii.scanned if payload else False,
                 provenance_entities=sorted(payload.pii.entities) if payload else [],
@@ -209,6 +226,7 @@ def compute_facts(
                 donor.tokens,
                 donor.segments,
                 min_span=config.min_span_tokens,
+                deadline=deadline,
             )
             tok_facts = TokenFacts(
                 recipient_length=len(recipient.tokens),
@@ -233,7 +251,7 @@ def compute_facts(
 
     return PolicyInput(
         now=rfc3339(now),
-        now_us=unix_us(now),
+        now_ns=unix_ns(now),
         request=RequestFacts(
             request_id=req.request_id,
             tenant=req.tenant,

@@ -8,7 +8,6 @@ and a test fails when the checked-in schemas drift.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Annotated, Literal
 
@@ -22,6 +21,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from semgov._internal.timefmt import Instant
 
 CAPTURED_REQUEST_SCHEMA = "semgov.captured_request/v1"
 PROVENANCE_SCHEMA = "semgov.provenance/v1"
@@ -41,40 +42,40 @@ _RFC3339 = re.compile(
 )
 
 
-def _rfc3339(*, round_up: bool) -> Callable[[object], object]:
+def _rfc3339(v: object) -> object:
     """Accept only an RFC 3339 date-time string with a zone (or an aware datetime from Python).
 
     NOTE: the lax datetime parser alone would also take Unix times (``1764324000``, seconds or
     milliseconds by magnitude) and times without seconds: other readers of the same signed
-    payload could disagree. Digits past the microsecond are rounded toward denying: a start
-    (``created_at``) up, an end or a clock down, so a comparison at microsecond resolution never
-    passes where the exact one would fail.
+    payload could disagree. At most nine fractional digits (nanoseconds) are accepted, and
+    kept exactly; a finer time is refused rather than rounded (see :class:`Instant`).
     """
+    if isinstance(v, datetime):
+        return v
+    m = _RFC3339.fullmatch(v) if isinstance(v, str) else None
+    if m is None:
+        raise ValueError("must be an RFC 3339 date-time string with a zone, e.g. 2026-11-29T10:00:00Z")
+    date, time, frac, zone = m.groups()
+    frac = frac or ""
+    if len(frac) > 9:
+        raise ValueError(
+            f"has {len(frac)} fractional digits; at most 9 (nanoseconds) can be compared exactly"
+        )
+    zone = "+00:00" if zone in ("Z", "z") else zone
+    try:
+        base = datetime.fromisoformat(f"{date}T{time}.{frac[:6].ljust(6, '0')}{zone}")
+    except (ValueError, OverflowError) as e:
+        raise ValueError(f"not a valid RFC 3339 date-time: {e}") from None
+    dt = Instant(
+        base.year, base.month, base.day, base.hour, base.minute, base.second, base.microsecond,
+        tzinfo=base.tzinfo,
+    )  # fmt: skip
+    dt.sub_us_ns = int(frac[6:9].ljust(3, "0"))
+    return dt
 
-    def parse(v: object) -> object:
-        if isinstance(v, datetime):
-            return v
-        m = _RFC3339.fullmatch(v) if isinstance(v, str) else None
-        if m is None:
-            raise ValueError("must be an RFC 3339 date-time string with a zone, e.g. 2026-11-29T10:00:00Z")
-        date, time, frac, zone = m.groups()
-        frac = frac or ""
-        zone = "+00:00" if zone in ("Z", "z") else zone
-        try:
-            dt = datetime.fromisoformat(f"{date}T{time}.{frac[:6].ljust(6, '0')}{zone}")
-            if round_up and frac[6:].strip("0"):
-                dt += timedelta(microseconds=1)
-        except (ValueError, OverflowError) as e:
-            raise ValueError(f"not a valid RFC 3339 date-time: {e}") from None
-        return dt
 
-    return parse
-
-
-# An instant (an end, or the decision clock): sub-microsecond digits truncated.
-Timestamp = Annotated[AwareDatetime, BeforeValidator(_rfc3339(round_up=False))]
-# The start of a validity window: sub-microsecond digits round up.
-StartTimestamp = Annotated[AwareDatetime, BeforeValidator(_rfc3339(round_up=True))]
+# An instant (a start, an end, or the decision clock), exact to the nanosecond.
+Timestamp = Annotated[AwareDatetime, BeforeValidator(_rfc3339)]
 
 
 class _Strict(BaseModel):
@@ -139,10 +140,13 @@ class ProvenancePayload(_Strict):
     namespace: Id
     task: TaskRef
     response_contract: ResponseContract
-    created_at: StartTimestamp
+    created_at: Timestamp
     expires_at: Timestamp
     policy_version: Id
     token_ids_sha256: Hex64
+    # SHA-256 of the RFC 8785 segment list, and of the UTF-8 text (null: signed without text).
+    segments_sha256: Hex64
+    text_sha256: Hex64 | None
     pii: PiiScan
     visibility: Literal["tenant", "public"]
 

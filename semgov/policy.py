@@ -136,7 +136,9 @@ class PiiSection(_Section):
 
 
 class TaskSection(_Section):
-    # Groups of "id@version" that may share KV with each other.
+    # Groups of "id@version" that may share KV with each other. Exactly one "@": the text is
+    # split into an (id, version) pair and compared as a pair (a task id or version with "@" in
+    # it cannot be named here, and so is compatible with nothing but itself).
     compatible_groups: list[list[Annotated[str, StringConstraints(pattern=r"^[^@\s]+@[^@\s]+$")]]] = Field(
         default_factory=list
     )
@@ -226,12 +228,20 @@ class Policy(BaseModel):
         return frozenset([self.ref, *self.accepted_policy_versions])
 
     @cached_property
-    def compatible_tasks(self) -> dict[str, frozenset[str]]:
-        out: dict[str, set[str]] = {}
+    def compatible_tasks(self) -> dict[tuple[str, str], frozenset[tuple[str, str]]]:
+        """Each ``(id, version)`` of a compatible group, to every pair it may share KV with."""
+        out: dict[tuple[str, str], set[tuple[str, str]]] = {}
         for group in self.task.compatible_groups:
-            for t in group:
-                out.setdefault(t, set()).update(group)
+            pairs = [task_pair(t) for t in group]
+            for t in pairs:
+                out.setdefault(t, set()).update(pairs)
         return {k: frozenset(v) for k, v in out.items()}
+
+
+def task_pair(ref: str) -> tuple[str, str]:
+    """``"id@version"`` (exactly one ``@``, as the policy schema requires) as ``(id, version)``."""
+    task_id, version = ref.split("@")
+    return task_id, version
 
 
 def policy_revision(content: bytes) -> str:

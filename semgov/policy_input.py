@@ -68,6 +68,10 @@ class ProvenanceFacts:
     payload_error: Str | None
     donor_id_matches: Bool
     token_hash_matches: Bool
+    # The candidate's segments are the ones signed (payload segments_sha256).
+    segments_hash_matches: Bool
+    # The candidate carries no text, or exactly the text signed (payload text_sha256).
+    text_hash_matches: Bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +85,8 @@ class DonorFacts:
     response_contract: ResponseContract
     created_at: Annotated[Str, Field(description="RFC 3339, UTC, 'Z' suffix")]
     expires_at: Annotated[Str, Field(description="RFC 3339, UTC, 'Z' suffix")]
-    created_at_us: Annotated[Int, Field(description="microseconds since the Unix epoch")]
-    expires_at_us: Annotated[Int, Field(description="microseconds since the Unix epoch")]
+    created_at_ns: Annotated[Int, Field(description="nanoseconds since the Unix epoch (exact)")]
+    expires_at_ns: Annotated[Int, Field(description="nanoseconds since the Unix epoch (exact)")]
     policy_version: Str
     visibility: Literal["tenant", "public"]
 
@@ -142,7 +146,7 @@ class PolicyInput:
 
     __pydantic_config__ = _CONFIG
     now: Annotated[Str, Field(description="decision clock, RFC 3339 UTC; policies read no other clock")]
-    now_us: Annotated[Int, Field(description="the clock, microseconds since the Unix epoch (exact)")]
+    now_ns: Annotated[Int, Field(description="the clock, nanoseconds since the Unix epoch (exact)")]
     request: RequestFacts
     candidate: CandidateFacts
     facts: Facts

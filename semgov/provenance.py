@@ -7,12 +7,13 @@ claim as facts (``semgov.facts``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from semgov._internal.bindings import segments_sha256, text_sha256
 from semgov._internal.timefmt import rfc3339
 from semgov._internal.tokens import as_tokens, token_hash
 from semgov.canonical import canonicalize
@@ -32,11 +33,18 @@ def provenance_payload(
     expires_at: datetime,
     policy_version: str,
     token_ids: Sequence[int],
+    segments: Iterable[Any],
+    text: str | None = None,
     pii_entities: Sequence[str] = (),
     pii_scanned: bool = True,
     visibility: Literal["tenant", "public"] = "tenant",
 ) -> dict[str, Any]:
-    """A validated ``semgov.provenance/v1`` payload as JSON data (raises :class:`InputError`)."""
+    """A validated ``semgov.provenance/v1`` payload as JSON data (raises :class:`InputError`).
+
+    ``segments`` and ``text`` are the donor prompt's as it will be offered (``text`` None when
+    no text goes with it): both are bound by hash, so a candidate whose segments or text differ
+    from these fails the provenance gate.
+    """
     payload: dict[str, Any] = {
         "schema": PROVENANCE_SCHEMA,
         "donor_id": donor_id,
@@ -48,6 +56,8 @@ def provenance_payload(
         "expires_at": rfc3339(expires_at),
         "policy_version": policy_version,
         "token_ids_sha256": token_hash(as_tokens(list(token_ids))),
+        "segments_sha256": segments_sha256(segments),
+        "text_sha256": None if text is None else text_sha256(text),
         "pii": {"scanned": pii_scanned, "entities": sorted(pii_entities)},
         "visibility": visibility,
     }

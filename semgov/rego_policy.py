@@ -220,9 +220,12 @@ def rego_files(directory: Path, *, limits: Limits | None = None) -> tuple[dict[s
 
 
 def rego_revision(modules: dict[str, str]) -> str:
-    h = hashlib.sha256()
+    """Content hash of a policy's modules: each name and text length-prefixed (an injective encoding:
+    no text, NUL bytes included, can read as a module boundary)."""
+    h = hashlib.sha256(b"semgov.rego-revision/v2\0")
     for name in sorted(modules):
-        h.update(name.encode() + b"\0" + modules[name].encode() + b"\0")
+        for part in (name.encode(), modules[name].encode("utf-8", "surrogatepass")):
+            h.update(len(part).to_bytes(8, "big") + part)
     return "sha256:" + h.hexdigest()
 
 
@@ -308,6 +311,8 @@ def load_rego_policy(directory: Path, *, limits: Limits | None = None) -> RegoPo
         ) from e
     if _defines(eng, "namespace_sharing"):
         _check_sharing(_constant(eng, "namespace_sharing", str(directory)), str(directory))
+    if _defines(eng, "compatible_task_groups"):
+        _check_task_groups(_constant(eng, "compatible_task_groups", str(directory)), str(directory))
     config = FactConfig(
         min_span_tokens=fc.min_span_tokens,
         scan_donor_text=fc.scan_donor_text,
@@ -332,6 +337,32 @@ def _check_sharing(raw: Any, source: str) -> None:
             where = ".".join(map(str, err["loc"]))
             msg = str(err["msg"]).removeprefix("Value error, ")
             raise PolicyError(f"`namespace_sharing[{i}]`: {msg}", source=source, field=where or None) from e
+
+
+def _check_task_groups(raw: Any, source: str) -> None:
+    """``compatible_task_groups``: lists of ``"id@version"`` with exactly one ``@`` (split into pairs)."""
+    from semgov.policy import TaskSection
+
+    try:
+        TaskSection.model_validate({"compatible_groups": raw})
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        where = "compatible_task_groups" + "".join(f"[{p}]" for p in err["loc"][1:])
+        raise PolicyError(
+            f"`{where}`: {raw_at(raw, err['loc'][1:])!r} must be \"id@version\" with exactly one '@' "
+            "(id and version are compared as a pair, never as one string)",
+            source=source,
+        ) from e
+
+
+def raw_at(raw: Any, loc: tuple[Any, ...]) -> Any:
+    """The element of ``raw`` at ``loc`` (for a message), or ``raw`` where it does not index."""
+    for p in loc:
+        try:
+            raw = raw[p]
+        except (LookupError, TypeError):
+            return raw
+    return raw
 
 
 def _defines(eng: Any, rule: str) -> bool:

@@ -72,20 +72,24 @@ def gate_provenance(p: Policy, doc: PolicyInput) -> Outcome:
             problems.append("payload donor_id differs from the candidate's")
         if not f.token_hash_matches:
             problems.append("payload token hash differs from the donor's tokens")
+        if not f.segments_hash_matches:
+            problems.append("payload segments hash differs from the donor's segments")
+        if not f.text_hash_matches:
+            problems.append("the donor's text is not the text signed (payload text_sha256)")
     if problems:
         return False, "; ".join(problems)
-    return True, f"signed by trusted key {kid!r}; donor id and token hash match"
+    return True, f"signed by trusted key {kid!r}; donor id, token, segment and text hashes match"
 
 
 def gate_expiry(p: Policy, doc: PolicyInput) -> Outcome:
     d = _donor(doc)
-    now = doc.now_us  # NOTE: exact integers, so every engine compares alike
-    if now < d.created_at_us:
+    now = doc.now_ns  # NOTE: exact integers, so every engine compares alike
+    if now < d.created_at_ns:
         return False, f"donor created in the future ({d.created_at} > now {doc.now})"
-    if now >= d.expires_at_us:
+    if now >= d.expires_at_ns:
         return False, f"donor expired at {d.expires_at} (now {doc.now})"
     max_age = p.expiry.max_age_seconds
-    if max_age is not None and now - d.created_at_us >= max_age * 1_000_000:
+    if max_age is not None and now - d.created_at_ns >= max_age * 1_000_000_000:
         return False, f"donor older than policy max age of {max_age}s"
     return True, f"valid until {d.expires_at}"
 
@@ -113,13 +117,22 @@ def gate_pii(p: Policy, doc: PolicyInput) -> Outcome:
 
 def gate_task(p: Policy, doc: PolicyInput) -> Outcome:
     d = _donor(doc)
-    mine = f"{doc.request.task.id}@{doc.request.task.version}"
-    theirs = f"{d.task.id}@{d.task.version}"
+    # NOTE: tasks compare as (id, version) pairs, never joined: {id: "qa", version: "1@2"} and
+    # {id: "qa@1", version: "2"} are different tasks.
+    mine = (doc.request.task.id, doc.request.task.version)
+    theirs = (d.task.id, d.task.version)
     if mine == theirs:
-        return True, f"same task {mine}"
+        return True, f"same task {_task(mine)}"
     if theirs in p.compatible_tasks.get(mine, frozenset()):
-        return True, f"task {theirs} compatible with {mine}"
-    return False, f"donor task {theirs} differs from {mine}"
+        return True, f"task {_task(theirs)} compatible with {_task(mine)}"
+    return False, f"donor task {_task(theirs)} differs from {_task(mine)}"
+
+
+def _task(t: tuple[str, str]) -> str:
+    """A task for a message: ``id@version``, or id and version quoted apart if either holds an ``@``."""
+    if "@" in t[0] or "@" in t[1]:
+        return f"{{id: {t[0]!r}, version: {t[1]!r}}}"
+    return f"{t[0]}@{t[1]}"
 
 
 def gate_response_contract(p: Policy, doc: PolicyInput) -> Outcome:

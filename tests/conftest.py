@@ -80,6 +80,8 @@ def payload_for(donor_id: str, prompt: dict[str, Any], **over: Any) -> dict[str,
         expires_at=datetime(2026, 12, 5, 10, tzinfo=UTC),
         policy_version="default@1",
         token_ids=prompt["token_ids"],
+        segments=prompt["segments"],
+        text=prompt.get("text"),
     )
     p.update(over)
     return p
@@ -109,6 +111,17 @@ def candidate(
         "prompt": prompt,
         "provenance": sign_provenance(payload, key),
     }
+
+
+def with_text(keys: Keys, cand: dict[str, Any], text: str, signer: str = "k1") -> dict[str, Any]:
+    """``cand`` with donor ``text``, its provenance re-signed over the text's hash (the producer saw it)."""
+    from semgov._internal.bindings import text_sha256
+
+    out = copy.deepcopy(cand)
+    out["prompt"]["text"] = text
+    payload = {**out["provenance"]["payload"], "text_sha256": text_sha256(text)}
+    out["provenance"] = sign_provenance(payload, getattr(keys, signer))
+    return out
 
 
 def request(cands: list[dict[str, Any]], prompt: dict[str, Any] | None = None, **over: Any) -> dict[str, Any]:

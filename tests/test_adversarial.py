@@ -27,7 +27,17 @@ from semgov.models import GATES, CapturedRequest
 from semgov.policy import load_policy, parse_policy
 from semgov.records import verify_record
 from semgov.rego_policy import load_rego_policy
-from tests.conftest import DEFAULT_POLICY_DIR, ROOT, Keys, candidate, payload_for, policy_with, request, segs
+from tests.conftest import (
+    DEFAULT_POLICY_DIR,
+    ROOT,
+    Keys,
+    candidate,
+    payload_for,
+    policy_with,
+    request,
+    segs,
+    with_text,
+)
 
 REGO_DIR = ROOT / "policies" / "rego" / "default"
 NOW = datetime(2026, 11, 29, 10, tzinfo=UTC)  # the requests' received_at
@@ -480,13 +490,49 @@ def test_offsets_are_compared_as_instants(both: Both, keys: Keys) -> None:
     )
 
 
-def test_sub_microsecond_digits_round_toward_deny(both: Both, keys: Keys) -> None:
-    """created_at 0.1 us after now rounds up (denied); expires_at 0.9 us after now rounds down (expired)."""
-    pair = both(request([candidate(keys, created_at="2026-11-29T10:00:00.0000001Z")]))
-    assert_denied_by(pair, "expiry", "fail", "created in the future")
-    pair = both(request([candidate(keys, expires_at="2026-11-29T10:00:00.0000009Z")]))
-    assert_denied_by(pair, "expiry", "fail", "expired at")
-    assert_allowed(both(request([candidate(keys, created_at="2026-11-29T10:00:00.0000000Z")])))
+def _shifted(base: str, delta_ns: int) -> str:
+    """``base`` (whole seconds, UTC) shifted by ``delta_ns``, written with nine fractional digits."""
+    t = datetime.fromisoformat(base.replace("Z", "+00:00"))
+    whole, ns = divmod(delta_ns, 1_000_000_000)
+    t += timedelta(seconds=whole)
+    return t.strftime("%Y-%m-%dT%H:%M:%S") + f".{ns:09d}Z"
+
+
+NOW_TEXT = "2026-11-29T10:00:00Z"  # the request's received_at: the decision clock
+MAX_AGE_START = "2026-10-30T10:00:00Z"  # exactly the default policy's 30-day max age before it
+DELTAS = [1, 1_000, 1_000_000_000]  # 1 ns, 1 us, 1 s
+
+
+@pytest.mark.parametrize("delta", DELTAS, ids=["1ns", "1us", "1s"])
+def test_times_compare_exactly_in_nanoseconds(both: Both, keys: Keys, delta: int) -> None:
+    """Every time boundary at 1 ns, 1 us and 1 s, in YAML and Rego: nothing rounds toward allow."""
+    expired = {"expires_at": _shifted(NOW_TEXT, 0)}
+    assert_denied_by(both(request([candidate(keys, **expired)])), "expiry", "fail", "expired at")
+    assert_allowed(both(request([candidate(keys, expires_at=_shifted(NOW_TEXT, delta))])))
+    future = {"created_at": _shifted(NOW_TEXT, delta)}
+    assert_denied_by(both(request([candidate(keys, **future)])), "expiry", "fail", "created in the future")
+    assert_allowed(both(request([candidate(keys, created_at=_shifted(NOW_TEXT, 0))])))
+    for too_old in (0, -delta):  # an age of exactly max_age, or more, is too old
+        old = {"created_at": _shifted(MAX_AGE_START, too_old)}
+        assert_denied_by(both(request([candidate(keys, **old)])), "expiry", "fail", "max age")
+    assert_allowed(both(request([candidate(keys, created_at=_shifted(MAX_AGE_START, delta))])))
+    # The clock's own nanoseconds count too: 1 ns past a donor's expiry is past it.
+    clock = {"received_at": _shifted(NOW_TEXT, delta)}
+    edge = {"expires_at": _shifted(NOW_TEXT, delta)}
+    assert_denied_by(both(request([candidate(keys, **edge)], **clock)), "expiry", "fail", "expired at")
+    # ... and an age of exactly max_age with both ends off the second is too old (rounding the
+    # start up and the clock down used to make it max_age - 1 us: allowed).
+    aged = {"created_at": _shifted(MAX_AGE_START, delta)}
+    assert_denied_by(both(request([candidate(keys, **aged)], **clock)), "expiry", "fail", "max age")
+
+
+def test_times_finer_than_a_nanosecond_are_refused_not_rounded(both: Both, keys: Keys) -> None:
+    """Ten fractional digits: an invalid payload (a deny); in the request clock, a malformed line."""
+    pair = both(request([candidate(keys, created_at="2026-11-28T10:00:00.0000000001Z")]))
+    assert_denied_by(pair, "provenance", "fail", "payload invalid")
+    assert "at most 9 (nanoseconds)" in the_gate(pair[0][0], "provenance")["detail"]
+    fine_clock = "2026-11-29T10:00:00.0000000001Z"
+    assert_refused_line(both(request([candidate(keys)], received_at=fine_clock)), "received_at")
 
 
 NOT_RFC3339 = [
@@ -605,3 +651,45 @@ def test_yaml_policy_bomb_does_not_load() -> None:
     with pytest.raises(PolicyError, match="alias bomb") as e:
         parse_policy(("name: p\nversion: '1'\n" + bomb).encode(), "bomb.yaml")
     assert e.value.source == "bomb.yaml" and e.value.line == 8
+
+
+# ---- well-formed input that means something else (issue 12) -----------------------------------
+
+
+def test_task_ids_joined_alike_are_different_tasks(both: Both, keys: Keys) -> None:
+    """Request task {qa, 1@2} and donor task {qa@1, 2} join to the same "qa@1@2": still another task."""
+    req = request([candidate(keys, task={"id": "qa@1", "version": "2"})], task={"id": "qa", "version": "1@2"})
+    assert_denied_by(both(req), "task", "fail")
+
+
+def test_relabelled_donor_segments_fail_provenance(both: Both, keys: Keys) -> None:
+    """An instruction segment relabelled evidence after signing: the signed segments differ, a deny."""
+    cand = candidate(keys)
+    for seg in cand["prompt"]["segments"]:
+        if seg["role"] == "instruction":
+            seg["role"] = "evidence"
+    assert_denied_by(both(request([cand])), "provenance", "fail", "segments hash differs")
+
+
+def test_unsigned_donor_text_loosens_nothing(both: Both, keys: Keys) -> None:
+    """An unscanned donor offered with an empty, unsigned text: provenance fails and PII is unscanned."""
+    cand = candidate(keys, pii={"scanned": False, "entities": []})
+    cand["prompt"]["text"] = ""
+    pair = both(request([cand]))
+    assert_denied_by(pair, "provenance", "fail", "text is not the text signed")
+    assert_denied_by(pair, "pii", "fail", "never scanned")
+
+
+def test_clean_text_swapped_for_the_signed_one_fails_provenance(both: Both, keys: Keys) -> None:
+    """Signed with a PII-bearing text, offered with a clean one: the text hash differs, a deny."""
+    cand = with_text(keys, candidate(keys), "Call Jane at jane.roe@example.com about Q3.")
+    cand["prompt"]["text"] = "Quarterly revenue rose."
+    assert_denied_by(both(request([cand])), "provenance", "fail", "text is not the text signed")
+
+
+def test_signed_empty_text_does_not_count_as_a_scan(both: Both, keys: Keys) -> None:
+    """Even signed, an empty text for a prompt with tokens is no PII scan of it: unscanned donor denied."""
+    cand = with_text(keys, candidate(keys, pii={"scanned": False, "entities": []}), "")
+    assert_denied_by(both(request([cand])), "pii", "fail", "never scanned")
+    signed = with_text(keys, candidate(keys, pii={"scanned": False, "entities": []}), "Revenue rose 4%.")
+    assert_allowed(both(request([signed])))

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from semgov.audit import merkle
 from semgov.audit.note import open_checkpoint
 from semgov.audit.store import (
     FRAME_HEADER,
+    SEAL_FLAG,
     AuditLog,
     AuditWriteError,
     CheckpointConflictError,
@@ -65,12 +67,13 @@ def frame(index: int, record: bytes) -> bytes:
 
 
 def frame_offsets(d: Path) -> list[int]:
-    """Byte offset of every frame in records.log (assumed well formed)."""
+    """Byte offset of every record frame in records.log (assumed well formed; seal frames skipped)."""
     data = (d / "records.log").read_bytes()
     out, off = [], 0
     while off < len(data):
-        out.append(off)
-        (_, length, _) = FRAME_HEADER.unpack_from(data, off)
+        (index, length, _) = FRAME_HEADER.unpack_from(data, off)
+        if not index & SEAL_FLAG:
+            out.append(off)
         off += FRAME_HEADER.size + length
     return out
 
@@ -163,16 +166,18 @@ def test_torn_tail_truncated_on_open(tmp_path: Path, cut: int) -> None:
 
 
 def test_torn_tail_without_state_json(tmp_path: Path) -> None:
-    """With no state.json: a last frame that fails its hash, or a zero-filled tail, is torn."""
-    good = b"".join(frame(i, rec(i)) for i in range(3))
+    """With no state.json: a last frame that fails its hash, or a zero-filled tail, is torn (kept aside)."""
     bad_last = frame(3, rec(3))[:-1] + b"?"
     for tail in (bad_last, b"\0" * 5000, frame(3, rec(3))[:30]):
         d = tmp_path / str(len(tail))
-        d.mkdir()
-        (d / "records.log").write_bytes(good + tail)
+        write_records(d, 3)
+        (d / "state.json").unlink()
+        with (d / "records.log").open("ab") as f:
+            f.write(tail)
         with open_log(d) as log:
             assert log.size == 3 and log.recovery.rebuilt
             assert log.recovery.truncated_bytes == len(tail)
+            assert Path(log.recovery.quarantine_file).read_bytes() == tail
         assert [i for i, _ in iter_records(d)] == [0, 1, 2]
 
 
@@ -213,7 +218,7 @@ def test_corrupt_frame_found_by_verify_with_fresh_state(tmp_path: Path) -> None:
     write_records(tmp_path, 4)
     log_path = tmp_path / "records.log"
     data = bytearray(log_path.read_bytes())
-    data[-1] ^= 0x01  # the last record: acknowledged durable, so not a torn write
+    data[frame_offsets(tmp_path)[3] + FRAME_HEADER.size + 2] ^= 0x01  # the last record: acknowledged durable
     log_path.write_bytes(bytes(data))
     with open_log(tmp_path) as log:  # state.json matches the length: not re-read
         assert log.recovery.clean
@@ -372,8 +377,9 @@ def test_writer_failure_is_loud_and_keeps_durable_records(
     monkeypatch.undo()
     with open_log(tmp_path) as again:  # the lock was released
         assert again.size >= 3
-        if where == "partial_write":
-            assert again.size < 6 and again.recovery.truncated_bytes > 0  # whole frames of the half stay
+        if where == "partial_write":  # whole frames of the half are unsealed: moved to quarantine, not kept
+            assert again.size == 3 and again.recovery.truncated_bytes > 0
+            assert Path(again.recovery.quarantine_file).is_file()
     got = list(iter_records(tmp_path))
     assert got[:3] == [(i, rec(i)) for i in range(3)]
     assert all(r == rec(i) for i, r in got)
@@ -575,17 +581,24 @@ def test_hostile_state_json_is_rebuilt(tmp_path: Path, content: bytes, why: str)
 def test_wrong_frontier_in_state_json_is_rebuilt(tmp_path: Path, crashed: bool) -> None:
     """A well-formed state.json whose frontier is wrong is rebuilt from the log, never signed over."""
     write_records(tmp_path, 6)
-    if crashed:  # records past the last checkpoint, as a killed writer leaves them
-        with open_log(tmp_path) as log:
-            pass
+    if crashed:  # records past the last checkpoint, as a killed writer leaves them: a running writer's copy
+        live = tmp_path / "live"
+        shutil.copytree(tmp_path, live)
+        log = open_log(live, checkpoint_every=1000, checkpoint_interval=3600)
+        for i in range(6, 9):
+            log.append(rec(i))
+        log.flush()
+        deadline = time.monotonic() + 10  # state.json is rewritten just after the batch is acknowledged
+        while json.loads((live / "state.json").read_bytes())["size"] != 9 and time.monotonic() < deadline:
+            time.sleep(0.002)
+        shutil.rmtree(tmp_path / "checkpoints")
+        for name in ("records.log", "state.json", "checkpoint", "checkpoints"):
+            src = live / name
+            (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
+        log.close()
+        shutil.rmtree(live)
         state = json.loads((tmp_path / "state.json").read_bytes())
-        data = b"".join(frame(i, rec(i)) for i in range(6, 9))
-        with (tmp_path / "records.log").open("ab") as f:
-            f.write(data)
-        fr = merkle.Frontier()
-        for h in leaves(tmp_path):
-            fr.append(h)
-        state.update(size=9, log_bytes=(tmp_path / "records.log").stat().st_size, frontier=fr.to_json())
+        assert state["size"] == 9 and checkpoint_of(read_checkpoint(tmp_path))[0] == 6
     else:
         state = json.loads((tmp_path / "state.json").read_bytes())
     hashes = state["frontier"]["hashes"]

@@ -13,7 +13,15 @@ from typing import Any
 import pytest
 
 from semgov import Evaluator, load_policy, load_signing_key
-from semgov.audit.store import CHECKPOINT_FILE, CHECKPOINTS_DIR, FRAME_HEADER, LOG_FILE, STATE_FILE, AuditLog
+from semgov.audit.store import (
+    CHECKPOINT_FILE,
+    CHECKPOINTS_DIR,
+    FRAME_HEADER,
+    LOG_FILE,
+    SEAL_FLAG,
+    STATE_FILE,
+    AuditLog,
+)
 from semgov.audit.verify import make_bundle, verify_bundle, verify_log
 from semgov.canonical import canonicalize_record
 from semgov.cli.main import main
@@ -58,12 +66,13 @@ def log(pristine: Path, tmp_path: Path) -> Path:
 
 
 def frames(d: Path) -> list[tuple[int, int]]:
-    """(offset, end) of every frame."""
+    """(offset, end) of every record frame (seal frames skipped: rewriting from these drops the seals)."""
     data = (d / LOG_FILE).read_bytes()
     out, off = [], 0
     while off < len(data):
-        _, length, _ = FRAME_HEADER.unpack_from(data, off)
-        out.append((off, off + FRAME_HEADER.size + length))
+        index, length, _ = FRAME_HEADER.unpack_from(data, off)
+        if not index & SEAL_FLAG:
+            out.append((off, off + FRAME_HEADER.size + length))
         off += FRAME_HEADER.size + length
     return out
 

@@ -126,7 +126,7 @@ def _line_of(d: Path, needle: str) -> int:
         ("{facts: {provenance: {donor_id_matches: 1}}}", "facts.provenance.donor_id_matches"),
         ("{candidate: {has_text: 'false'}}", "candidate.has_text"),
         ("{candidate: {prompt_tokens: true}}", "candidate.prompt_tokens"),
-        ("{now_us: '1795946400000000'}", "now_us"),
+        ("{now_ns: '1795946400000000000'}", "now_ns"),
         ("{facts: {tokens: {spans: [{recipient_start: 0.0}]}}}", "facts.tokens.spans.0.recipient_start"),
         ("{candidate: {similarity: .inf}}", "candidate.similarity"),
         ("{now: 2026-11-29T10:00:00Z}", "now"),

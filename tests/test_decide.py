@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from semgov import Evaluator
 from semgov._internal.pii import PiiScanner
 from semgov.models import GATES, CapturedRequest
-from tests.conftest import Keys, candidate, policy_with, request, segs
+from tests.conftest import Keys, candidate, policy_with, request, segs, with_text
 
 # Low thresholds so that random small prompts are allowed often enough to test allows.
 LENIENT = "token_verification: {min_span_tokens: 4, min_approved_tokens: 1, min_approved_fraction: 0.1}"
@@ -114,7 +114,7 @@ def test_register_donor_scans_once_ahead_of_decisions(keys: Keys) -> None:
     scanner = PiiScanner()
     ev = Evaluator(load_policy(DEFAULT_POLICY_DIR), keys.keyring, keys.decision, pii_scanner=scanner)
     cand = candidate(keys)
-    cand["prompt"]["text"] = "Reach the desk at ops@example.com."
+    cand = with_text(keys, cand, "Reach the desk at ops@example.com.")
     req = parse(request([cand]))
     assert ev.register_donor(req.candidates[0].prompt) == frozenset({"EMAIL_ADDRESS"})
     assert scanner.scans == 1

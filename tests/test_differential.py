@@ -76,8 +76,8 @@ def test_shipped_workload_every_candidate() -> None:
 
 # ---- seeded random documents around every gate's edges ------------------
 
-NOW = 1_795_946_400_000_000
-DAY = 86_400_000_000
+NOW = 1_795_946_400_000_000_000
+DAY = 86_400_000_000_000
 ROLES = ["system", "instruction", "evidence", "question", "other"]
 PII = [
     "EMAIL_ADDRESS",
@@ -95,18 +95,19 @@ def _base() -> dict[str, Any]:
     contract = {"id": "financials", "schema_sha256": "ab" * 32}
     task = {"id": "extract_financials", "version": "1"}
     return {
-        "now": "2026-11-29T10:00:00Z", "now_us": NOW,
+        "now": "2026-11-29T10:00:00Z", "now_ns": NOW,
         "request": {"request_id": "r", "tenant": "acme", "namespace": "research/e1", "task": task,
                     "response_contract": contract, "prompt_tokens": 200},
         "candidate": {"donor_id": "d", "similarity": 0.9, "prompt_tokens": 200, "key_id": "k1",
                       "has_text": False},
         "facts": {
             "provenance": {"key_status": "trusted", "signature_valid": True, "payload_valid": True,
-                           "payload_error": None, "donor_id_matches": True, "token_hash_matches": True},
+                           "payload_error": None, "donor_id_matches": True, "token_hash_matches": True,
+                           "segments_hash_matches": True, "text_hash_matches": True},
             "donor": {"tenant": "acme", "namespace": "research/e1", "task": task,
                       "response_contract": contract, "created_at": "x", "expires_at": "y",
-                      "created_at_us": NOW - DAY,
-                      "expires_at_us": NOW + 6 * DAY, "policy_version": "default@1", "visibility": "tenant"},
+                      "created_at_ns": NOW - DAY,
+                      "expires_at_ns": NOW + 6 * DAY, "policy_version": "default@1", "visibility": "tenant"},
             "pii": {"provenance_scanned": True, "provenance_entities": [], "text_scanned": False,
                     "text_entities": []},
             "tokens": {"recipient_length": 200, "donor_length": 200, "common_prefix": 200,
@@ -150,13 +151,22 @@ def random_doc(rng: random.Random) -> dict[str, Any]:
     if rng.random() < 0.35:
         f["provenance"] = {
             k: rng.random() < 0.7
-            for k in ("signature_valid", "payload_valid", "donor_id_matches", "token_hash_matches")
+            for k in (
+                "signature_valid",
+                "payload_valid",
+                "donor_id_matches",
+                "token_hash_matches",
+                "segments_hash_matches",
+                "text_hash_matches",
+            )
         }
         f["provenance"]["key_status"] = rng.choice(["trusted", "trusted", "unknown", "revoked"])
     if rng.random() < 0.4:
-        edge = rng.choice([0, 1, -1, DAY, 30 * DAY, 30 * DAY - 1, 30 * DAY + 1, -DAY])
-        f.setdefault("donor", {})["created_at_us"] = NOW - edge
-        f["donor"]["expires_at_us"] = NOW + rng.choice([0, 1, -1, DAY, 40 * DAY])
+        edge = rng.choice(
+            [0, 1, -1, 1000, -1000, DAY, 30 * DAY, 30 * DAY - 1, 30 * DAY + 1, 30 * DAY - 1000, -DAY]
+        )
+        f.setdefault("donor", {})["created_at_ns"] = NOW - edge
+        f["donor"]["expires_at_ns"] = NOW + rng.choice([0, 1, -1, 1000, -1000, DAY, 40 * DAY])
     if rng.random() < 0.25:
         f.setdefault("donor", {})["policy_version"] = rng.choice(
             ["default@1", "default@0", "other@1", "Default@1"]
@@ -222,3 +232,37 @@ def test_yaml_case_file_holds_for_rego(engine: str) -> None:
     )
     assert len(outcomes) >= 30
     assert [o for o in outcomes if o.status != "PASS"] == []
+
+
+JOINED_ALIKE = [({"id": "qa", "version": "1@2"}, {"id": "qa@1", "version": "2"})]
+
+
+@pytest.mark.parametrize(("mine", "theirs"), JOINED_ALIKE)
+def test_tasks_compare_as_pairs_in_every_engine(mine: dict[str, str], theirs: dict[str, str]) -> None:
+    """Tasks whose id@version strings coincide are different tasks in YAML, regorus and OPA."""
+    doc = TypeAdapter(PolicyInput).validate_python(
+        deep_merge(_base(), {"request": {"task": mine}, "facts": {"donor": {"task": theirs}}})
+    )
+    assert assert_agree(doc) == "deny"
+    assert {g.gate: g.result for g in evaluators()[0].decide(doc).gates}["task"] == "fail"
+
+
+MAX_AGE = 30 * DAY
+
+
+@pytest.mark.parametrize("delta", [1, 1_000, 1_000_000_000], ids=["1ns", "1us", "1s"])
+def test_time_boundaries_in_nanoseconds_in_every_engine(delta: int) -> None:
+    """Expiry, not-yet-valid and max age at 1 ns, 1 us and 1 s from each edge: the same in all three."""
+    cases = [  # (created_at_ns, expires_at_ns, expected)
+        (NOW, NOW + delta, "allow"),
+        (NOW - DAY, NOW, "deny"),
+        (NOW + delta, NOW + DAY, "deny"),
+        (NOW - MAX_AGE, NOW + DAY, "deny"),
+        (NOW - MAX_AGE - delta, NOW + DAY, "deny"),
+        (NOW - MAX_AGE + delta, NOW + DAY, "allow"),
+    ]
+    for created, expires, want in cases:
+        doc = TypeAdapter(PolicyInput).validate_python(
+            deep_merge(_base(), {"facts": {"donor": {"created_at_ns": created, "expires_at_ns": expires}}})
+        )
+        assert assert_agree(doc) == want, (created - NOW, expires - NOW)

@@ -641,3 +641,31 @@ def test_command_prints_the_table_and_the_last_line(tmp_path: Path) -> None:
     except ImportError:
         return
     assert int(engines.group(3)) > 0
+
+
+# ---- the semantic mode -------------------------------------------------------------------
+
+
+def test_semantic_mode_denies_every_mutation_and_allows_controls() -> None:
+    """80 semantic inputs (each mutation class, and controls): no mutated input allowed, controls allowed."""
+    import io
+
+    from benchmarks.hostile_semantic import MUTATIONS, run
+
+    out = io.StringIO()
+    assert run(80, SEED, out=out) == 0, out.getvalue()
+    for kind in MUTATIONS:
+        assert re.search(rf"^{kind}\s+[1-9]\d*\s+0\s*$", out.getvalue(), re.M), out.getvalue()
+
+
+def test_semantic_mode_catches_an_unbound_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the text binding switched off, the semantic mode reports allows of swapped texts (exit 1)."""
+    import io
+
+    from benchmarks.hostile_semantic import run
+    from semgov import facts
+
+    monkeypatch.setattr(facts, "_text_bound", lambda text, p: True)
+    out = io.StringIO()
+    assert run(160, SEED, out=out) == 1
+    assert re.search(r"^text_swap\s+\d+\s+[1-9]", out.getvalue(), re.M), out.getvalue()

@@ -23,7 +23,7 @@ from semgov.policy import Policy, load_policy
 from semgov.policy_source import load_policy_source
 from semgov.records import verify_record
 from semgov.rego_policy import RegoPolicy, lint, load_rego_policy, rego_files
-from tests.conftest import DEFAULT_POLICY_DIR, ROOT, Keys, candidate, parse, request, segs
+from tests.conftest import DEFAULT_POLICY_DIR, ROOT, Keys, candidate, parse, request, segs, with_text
 
 REGO_DIR = ROOT / "policies" / "rego" / "default"
 EX = ROOT / "examples"
@@ -226,9 +226,9 @@ def test_text_at_limit_is_scanned_one_over_is_refused(
     """Donor text of exactly max_text_chars is PII-scanned as usual; one character more denies."""
     ev = ev_with(default_policy, keys, pii_scanner, max_text_chars=40)
     c = candidate(keys)
-    c["prompt"]["text"] = "x" * 40
+    c = with_text(keys, c, "x" * 40)
     assert records(ev, request([c]))[0]["decision"] == "allow"
-    c["prompt"]["text"] = "x" * 41
+    c = with_text(keys, c, "x" * 41)
     [rec] = records(ev, request([c]))
     assert_refused([rec], keys, "donor 'r-03' prompt text has 41 characters", "max_text_chars = 40")
 
@@ -255,7 +255,7 @@ def test_refusal_happens_before_any_fact_is_computed(
     monkeypatch.setattr(ev.engine, "evaluate", boom)
     assert_refused(records(ev, request(cands(keys, 2))), keys, "max_candidates")
     c = candidate(keys)
-    c["prompt"]["text"] = "x" * 10
+    c = with_text(keys, c, "x" * 10)
     small = Limits(max_text_chars=5)
     ev2 = Evaluator(default_policy, keys.keyring, keys.decision, pii_scanner=no_scan, limits=small)
     assert ev2.register_donor(parse(request([c])).candidates[0].prompt) is None

@@ -17,6 +17,7 @@ def _payload(**over: object) -> dict[str, object]:
     args: dict[str, object] = dict(
         donor_id="r-1", tenant="acme", namespace="ns", task=TASK, response_contract=CONTRACT,
         created_at=WHEN, expires_at=WHEN, policy_version="default@1", token_ids=[1, 2, 3],
+        segments=[{"role": "evidence", "start": 0, "end": 3}],
     )  # fmt: skip
     args.update(over)
     return provenance_payload(**args)  # type: ignore[arg-type]

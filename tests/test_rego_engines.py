@@ -11,7 +11,7 @@ from semgov import Evaluator
 from semgov.models import GATES
 from semgov.rego_engines import EngineOutputError, OpaInProcessEngine, RegorusEngine, interpret
 from semgov.rego_policy import load_rego_policy
-from tests.conftest import Keys, candidate, parse, request
+from tests.conftest import Keys, candidate, parse, request, with_text
 from tests.test_rego_policy import MINIMAL, write
 
 
@@ -44,7 +44,7 @@ def test_fact_errors_become_gate_errors(tmp_path: Path, keys: Keys) -> None:
             raise OSError("scanner crashed")
 
     cand = candidate(keys)
-    cand["prompt"]["text"] = "words"
+    cand = with_text(keys, cand, "words")
     for ev in _evaluators(tmp_path, keys, Broken()):
         rec = ev.evaluate(parse(request([cand])))[0].record
         assert rec["decision"] == "deny"

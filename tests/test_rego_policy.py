@@ -127,3 +127,59 @@ def test_policy_source_picks_the_language(tmp_path: Path) -> None:
     (tmp_path / "policy.yaml").write_text("name: x\nversion: '1'\n")
     with pytest.raises(PolicyError, match="both"):
         load_policy_source(tmp_path)
+
+
+def _default_with(tmp_path: Path, old: str, new: str) -> Path:
+    import shutil
+
+    src = Path(__file__).resolve().parents[1] / "policies" / "rego" / "default"
+    d = tmp_path / "pol"
+    shutil.copytree(src, d)
+    text = (d / "policy.rego").read_text()
+    assert old in text
+    (d / "policy.rego").write_text(text.replace(old, new))
+    return d
+
+
+@pytest.mark.parametrize("entry", ["qa", "qa@1@2", "@1", "qa@"])
+def test_task_group_entry_without_exactly_one_at_is_refused(tmp_path: Path, entry: str) -> None:
+    """compatible_task_groups entries are "id@version" pairs: anything else is a load error naming it."""
+    d = _default_with(
+        tmp_path, "compatible_task_groups := []", f'compatible_task_groups := [["qa@1", "{entry}"]]'
+    )
+    with pytest.raises(PolicyError, match=r"compatible_task_groups\[0\]\[1\].*exactly one '@'"):
+        load_rego_policy(d)
+
+
+def test_task_groups_match_pairs_not_joined_strings(tmp_path: Path) -> None:
+    """A group ["qa@1@2"...] cannot exist, and a group ["qa@1", "qa@2"] admits exactly those pairs."""
+    from pydantic import TypeAdapter
+
+    from semgov.policy_input import PolicyInput
+    from semgov.policy_tests import deep_merge
+    from semgov.rego_engines import RegorusEngine
+    from tests.test_differential import _base
+
+    d = _default_with(
+        tmp_path, "compatible_task_groups := []", 'compatible_task_groups := [["qa@1", "qa@2"]]'
+    )
+    eng = RegorusEngine(load_rego_policy(d))
+
+    def task_gate(mine: dict[str, str], theirs: dict[str, str]) -> str:
+        doc = TypeAdapter(PolicyInput).validate_python(
+            deep_merge(_base(), {"request": {"task": mine}, "facts": {"donor": {"task": theirs}}})
+        )
+        return {g.gate: g.result for g in eng.evaluate(doc).gates}["task"]
+
+    assert task_gate({"id": "qa", "version": "1"}, {"id": "qa", "version": "2"}) == "pass"
+    assert task_gate({"id": "qa", "version": "1@2"}, {"id": "qa@1", "version": "2"}) == "fail"
+    assert task_gate({"id": "qa@1", "version": "2"}, {"id": "qa", "version": "2"}) == "fail"
+
+
+def test_rego_revision_is_an_injective_encoding() -> None:
+    """A module text holding NUL and a file name cannot pose as two modules: the revisions differ."""
+    from semgov.rego_policy import rego_revision
+
+    one = rego_revision({"a.rego": "x\0b.rego\0y"})
+    two = rego_revision({"a.rego": "x", "b.rego": "y"})
+    assert one != two

@@ -20,6 +20,7 @@ from tests.conftest import (
     policy_with,
     request,
     segs,
+    with_text,
 )
 
 
@@ -283,7 +284,7 @@ def test_accepted_policy_versions(keys: Keys, pii_scanner: Any) -> None:
 def test_pii_in_donor_text_found_by_presidio(evaluator: Evaluator, keys: Keys) -> None:
     """Donor text with an email fails the PII gate even though provenance declared none."""
     cand = candidate(keys)
-    cand["prompt"]["text"] = "Q3 revenue was 4.2 million; contact jane.roe@example.com for the filing."
+    cand = with_text(keys, cand, "Q3 revenue was 4.2 million; contact jane.roe@example.com for the filing.")
     rec = decide(evaluator, request([cand]))
     assert failed(rec) == ["pii"]
     assert "EMAIL_ADDRESS" in gate(rec, "pii")["detail"]
@@ -298,7 +299,7 @@ def test_pii_scan_failure_is_an_error_and_denies(keys: Keys, default_policy: Any
 
     ev = Evaluator(default_policy, keys.keyring, keys.decision, pii_scanner=Broken())  # type: ignore[arg-type]
     cand = candidate(keys)
-    cand["prompt"]["text"] = "harmless"
+    cand = with_text(keys, cand, "harmless")
     rec = decide(ev, request([cand]))
     assert rec["decision"] == "deny"
     assert gate(rec, "pii") == {"gate": "pii", "result": "error", "detail": "OSError: scanner crashed"}
@@ -383,7 +384,7 @@ def test_pii_scanned_once_per_donor(keys: Keys, default_policy: Any) -> None:
     scanner = PiiScanner()
     ev = Evaluator(default_policy, keys.keyring, keys.decision, pii_scanner=scanner)
     cand = candidate(keys)
-    cand["prompt"]["text"] = "Operating margin improved to 18 percent."
+    cand = with_text(keys, cand, "Operating margin improved to 18 percent.")
     for i in range(5):
         ev.evaluate(parse(request([cand], request_id=f"r-{i}")))
     assert scanner.scans == 1

@@ -472,6 +472,8 @@ def signed_provenance(call: Call, donor_id: str, donor: PromptSpec, key: Signing
         expires_at=call.received_at + TTL,
         policy_version=POLICY_VERSION,
         token_ids=donor.token_ids,
+        segments=donor.segments,
+        text=donor.text,
     )
     payload.update(changes)
     return sign_provenance(payload, key)

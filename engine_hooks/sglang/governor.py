@@ -34,6 +34,7 @@ from engine_hooks.sglang.context import ContextError, RequestContext, parse_cont
 from engine_hooks.sglang.provider import CandidateProvider, load_provider
 from engine_hooks.sglang.settings import HookConfigError, HookSettings, read_context_key
 from semgov._internal.log import get_logger
+from semgov.audit.keyring import AuditKeyring
 from semgov.audit.store import AuditLog, Ticket
 from semgov.decide import Evaluator, SignedDecision
 from semgov.engine import PolicySource
@@ -154,6 +155,15 @@ class Governor:
                 f"(SEMGOV_SIGNING_KEY): donors the hook registers could never be verified"
             )
         self.context_key = read_context_key(settings.context_key)
+        self.previous_context_keys: tuple[bytes, ...] = ()
+        if settings.context_key_previous is not None:
+            previous = read_context_key(settings.context_key_previous, "SEMGOV_CONTEXT_KEY_PREVIOUS")
+            if previous == self.context_key:
+                raise HookConfigError(
+                    f"SEMGOV_CONTEXT_KEY_PREVIOUS={settings.context_key_previous}: the same key as "
+                    "SEMGOV_CONTEXT_KEY (a rotation's previous key must be the old one)"
+                )
+            self.previous_context_keys = (previous,)
         self.evaluator = Evaluator(
             self.policy,
             self.keyring,
@@ -174,7 +184,10 @@ class Governor:
             )
         self.policy_version = f"{self.policy.name}@{self.policy.version}"
         try:
-            self.audit = AuditLog.open(settings.audit_dir, signing_key=self.signing_key, origin="semgov-hook")
+            audit_keyring = AuditKeyring.load(settings.audit_keyring) if settings.audit_keyring else None
+            self.audit = AuditLog.open(
+                settings.audit_dir, signing_key=self.signing_key, origin="semgov-hook", keyring=audit_keyring
+            )
         except (OSError, SemgovError) as e:
             raise HookConfigError(
                 f"SEMGOV_AUDIT_DIR={settings.audit_dir}: cannot open the audit log: {e}"
@@ -201,7 +214,18 @@ class Governor:
         from engine_hooks.sglang.context import bounded_repr, has_token_prefix
 
         try:
-            return parse_context_token(self.context_key, extra_key, lora_id=lora_id)
+            try:
+                return parse_context_token(self.context_key, extra_key, lora_id=lora_id)
+            except ContextError:
+                # NOTE: a key rotation's grace period: a token MACed with the gateway's previous key
+                # still verifies (the whole parse is repeated, bounded like the first); scopes and
+                # tree keys are derived from the current key only, whichever key verified the MAC.
+                for key in self.previous_context_keys:
+                    try:
+                        return parse_context_token(key, extra_key, lora_id=lora_id)
+                    except ContextError:
+                        pass
+                raise
         except ContextError as e:
             if has_token_prefix(extra_key):
                 get_logger().warning("semgov context token refused", reason=str(e)[:200])
@@ -256,6 +280,8 @@ class Governor:
                 expires_at=now + timedelta(seconds=self.settings.donor_ttl_s),
                 policy_version=self.policy_version,
                 token_ids=spec.token_ids,
+                segments=prompt.segments,
+                text=prompt.text,
                 pii_entities=sorted(found) if found is not None else (),
                 pii_scanned=found is not None,
             )

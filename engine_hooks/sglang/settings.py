@@ -59,6 +59,12 @@ class HookSettings:
     """Raise on an invariant violation (tests); production disables reuse and keeps serving cold."""
     async_registration: bool = True
     """Register donors (PII scan, provenance signing) on a background thread, off the scheduler."""
+    audit_keyring: Path | None = None
+    """Audit keyring (docs/formats.md) of other keys whose seals and checkpoints the audit log may end in:
+    after rotating ``SEMGOV_SIGNING_KEY``, the previous key (docs/operations.md)."""
+    context_key_previous: Path | None = None
+    """The gateway's previous HMAC key, accepted for context tokens during a key rotation's grace period
+    (scopes and tree keys are always derived from ``SEMGOV_CONTEXT_KEY``)."""
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -99,6 +105,9 @@ class HookSettings:
                 return False
             raise HookConfigError(f"{name}={v!r}: expected 1/0, true/false, yes/no or on/off")
 
+        def optional_path(name: str) -> Path | None:
+            return path(name) if e.get(name, "").strip() else None
+
         audit = e.get("SEMGOV_AUDIT_DIR", "").strip()
         if not audit:
             raise HookConfigError("SEMGOV_AUDIT_DIR is not set: every decision and realization is audited")
@@ -119,15 +128,17 @@ class HookSettings:
             audit_wait_ms=integer("SEMGOV_AUDIT_WAIT_MS", 50, 0, 10_000),
             strict=flag("SEMGOV_STRICT", False),
             async_registration=flag("SEMGOV_ASYNC_REGISTRATION", True),
+            audit_keyring=optional_path("SEMGOV_AUDIT_KEYRING"),
+            context_key_previous=optional_path("SEMGOV_CONTEXT_KEY_PREVIOUS"),
         )
 
 
-def read_context_key(path: Path) -> bytes:
-    """The gateway HMAC key (raises :class:`HookConfigError` naming the file)."""
+def read_context_key(path: Path, name: str = "SEMGOV_CONTEXT_KEY") -> bytes:
+    """The gateway HMAC key (raises :class:`HookConfigError` naming the variable and the file)."""
     try:
         raw = path.read_bytes().strip()
     except OSError as e:
-        raise HookConfigError(f"SEMGOV_CONTEXT_KEY={path}: cannot read ({e.strerror})") from e
+        raise HookConfigError(f"{name}={path}: cannot read ({e.strerror})") from e
     if len(raw) < 32:
-        raise HookConfigError(f"SEMGOV_CONTEXT_KEY={path}: key must be at least 32 bytes, got {len(raw)}")
+        raise HookConfigError(f"{name}={path}: key must be at least 32 bytes, got {len(raw)}")
     return raw

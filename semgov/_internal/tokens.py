@@ -14,6 +14,12 @@ Method, for prompts of tens of thousands of tokens in well under a millisecond:
    ``shifted`` spans (same tokens, different context).
 4. Overlaps in recipient positions are resolved (prefix first, then longer runs),
    and spans are split at every segment boundary of both prompts.
+
+Worst case O(n log n) whatever the layout (issue 12): runs are bounded per diagonal,
+a run inside an earlier one is dropped unseen, the greedy pass searches a coverage
+byte map instead of comparing with every span already taken, and splitting bisects
+the segment boundaries. ``benchmarks/token_adversarial.py`` measures the layouts
+that made the old pass quadratic (repeated blocks, periodic tokens, short matches).
 """
 
 from __future__ import annotations
@@ -21,12 +27,14 @@ from __future__ import annotations
 import array
 import hashlib
 import threading
-from dataclasses import dataclass
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from semgov._internal.deadline import Deadline
 from semgov.models import Role
 
 U32 = npt.NDArray[np.uint32]
@@ -49,6 +57,13 @@ class SegmentTable:
     starts: npt.NDArray[np.int64]
     ends: npt.NDArray[np.int64]
     roles: tuple[Role, ...]
+    start_list: list[int] = field(init=False, repr=False, compare=False)
+    end_list: list[int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # NOTE: Python lists for bisection: bisect on a list costs no numpy call per lookup.
+        object.__setattr__(self, "start_list", self.starts.tolist())
+        object.__setattr__(self, "end_list", self.ends.tolist())
 
     @classmethod
     def from_triples(cls, segs: list[tuple[Role, int, int]]) -> SegmentTable:
@@ -59,7 +74,7 @@ class SegmentTable:
         )
 
     def index_at(self, pos: int) -> int:
-        return int(np.searchsorted(self.starts, pos, side="right")) - 1
+        return bisect_right(self.start_list, pos) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,32 +197,168 @@ def _candidate_diagonals(r: U32, d: U32, lo: int, min_span: int) -> list[int]:
 
 
 def _split(
-    rs: int, ds: int, length: int, kind: Literal["prefix", "shifted"], rseg: SegmentTable, dseg: SegmentTable
-) -> list[FoundSpan]:
-    """Split one run at every segment boundary of either prompt."""
-    cuts = {rs, rs + length}
-    re_ = rseg.ends
-    cuts.update(int(x) for x in re_[(re_ > rs) & (re_ < rs + length)])
-    de = dseg.ends
-    cuts.update(int(x) - ds + rs for x in de[(de > ds) & (de < ds + length)])
-    pts = sorted(cuts)
-    out = []
-    for a, b in zip(pts, pts[1:], strict=False):
-        out.append(
-            FoundSpan(
-                a,
-                a - rs + ds,
-                b - a,
-                kind,
-                rseg.roles[rseg.index_at(a)],
-                dseg.roles[dseg.index_at(a - rs + ds)],
+    rs: int,
+    ds: int,
+    length: int,
+    kind: Literal["prefix", "shifted"],
+    tables: tuple[SegmentTable, SegmentTable],
+    min_len: int,
+    out: list[FoundSpan],
+    deadline: Deadline | None,
+) -> int:
+    """Cut one run at every segment boundary of either prompt; append the pieces of ``min_len`` or more.
+
+    Returns the number of pieces made (kept or not). O(log S + pieces) for S segments: the boundaries
+    inside the run are found by bisection (the deadline is checked every 4,096 pieces).
+    """
+    rseg, dseg = tables
+    rends, dends = rseg.end_list, dseg.end_list
+    end, shift = rs + length, rs - ds
+    # NOTE: segments tile their prompt in order (checked on input), so the end lists are sorted
+    # and strictly increasing: the slices below are exactly the ends strictly inside the run.
+    cuts = rends[bisect_right(rends, rs) : bisect_left(rends, end)]
+    dcuts = dends[bisect_right(dends, ds) : bisect_left(dends, ds + length)]
+    if dcuts:
+        mapped = [x + shift for x in dcuts]
+        cuts = sorted({*cuts, *mapped}) if cuts else mapped
+    rstarts, dstarts = rseg.start_list, dseg.start_list
+    a = rs
+    for i, b in enumerate((*cuts, end)):
+        if i & 4095 == 4095:
+            _tick(deadline)
+        if b - a >= min_len:
+            out.append(
+                FoundSpan(
+                    a,
+                    a - shift,
+                    b - a,
+                    kind,
+                    rseg.roles[bisect_right(rstarts, a) - 1],
+                    dseg.roles[bisect_right(dstarts, a - shift) - 1],
+                )
             )
-        )
-    return out
+        a = b
+    return len(cuts) + 1
+
+
+@dataclass(slots=True)
+class SpanWork:
+    """Work counters of one :func:`find_spans` call (tests bound them; nothing else reads them)."""
+
+    runs: int = 0
+    """Runs of at least ``min_span`` equal tokens found on the compared diagonals."""
+    considered: int = 0
+    """Runs left after dropping those inside an earlier run (they could never keep a piece)."""
+    steps: int = 0
+    """Searches of the coverage map in the greedy pass (each a ``memchr`` within one run)."""
+    scanned: int = 0
+    """Tokens those searches may read: the considered runs' lengths, summed."""
+    pieces: int = 0
+    """Free pieces kept as shifted spans, before segment splitting."""
+    cuts: int = 0
+    """Pieces made by segment splitting, prefix included (kept or not)."""
+
+
+def _tick(deadline: Deadline | None) -> None:
+    if deadline is not None:
+        deadline.check("token verification (span search)")
+
+
+def _collect_runs(
+    r: U32, d: U32, lcp: int, min_span: int, deadline: Deadline | None
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """``(lengths, starts, offsets)`` of every run of ``min_span`` or more on the candidate diagonals."""
+    parts: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]] = []
+    for off in _candidate_diagonals(r, d, lcp, min_span):
+        _tick(deadline)
+        lo = max(lcp, -off)
+        hi = min(len(r), len(d) - off)
+        if hi - lo < min_span:
+            continue
+        starts, lengths = _runs(r[lo:hi] == d[lo + off : hi + off], min_span)
+        if len(starts):
+            parts.append((lengths, starts + lo, off))
+    if not parts:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty, empty
+    lengths = np.concatenate([p[0] for p in parts]).astype(np.int64, copy=False)
+    starts = np.concatenate([p[1] for p in parts]).astype(np.int64, copy=False)
+    offs = np.concatenate([np.full(len(p[0]), p[2], dtype=np.int64) for p in parts])
+    return lengths, starts, offs
+
+
+def _greedy_order(
+    lengths: npt.NDArray[np.int64], starts: npt.NDArray[np.int64], offs: npt.NDArray[np.int64]
+) -> npt.NDArray[np.intp]:
+    """Indices of the runs to consider, in greedy order: longest first, then by start, then by offset.
+
+    NOTE: a run whose recipient interval lies inside an earlier run's (earlier in this order: longer,
+    or the same interval with a smaller offset) is dropped: when the earlier one was taken, every
+    free piece of its interval of ``min_span`` or more was kept, and coverage only grows, so every
+    free piece inside it is shorter than ``min_span`` for good. At most one run per start survives.
+    """
+    ends = starts + lengths
+    by_start = np.lexsort((offs, -ends, starts))
+    e = ends[by_start]
+    before = np.maximum.accumulate(e)
+    covered = np.empty(len(e), dtype=np.bool_)
+    covered[:1] = False
+    covered[1:] = before[:-1] >= e[1:]
+    keep = by_start[~covered]
+    return keep[np.lexsort((offs[keep], starts[keep], -lengths[keep]))]
+
+
+def _take(
+    runs: list[tuple[int, int, int]],
+    n: int,
+    lcp: int,
+    min_span: int,
+    deadline: Deadline | None,
+    work: SpanWork,
+) -> list[tuple[int, int, int]]:
+    """Greedy pass: the free pieces ``(start, end, offset)`` of ``min_span`` or more, run by run.
+
+    NOTE: ``cov`` marks taken recipient positions (the prefix and every kept piece); a run's free
+    pieces are the maximal unmarked stretches of its interval, found with ``bytearray.find`` (memchr)
+    from left to right, so a run costs one search plus two per free piece, each reading only its own
+    interval. Pieces trimmed this way stay exact because they keep their diagonal.
+    """
+    cov = bytearray(n)
+    cov[:lcp] = b"\x01" * lcp
+    kept: list[tuple[int, int, int]] = []
+    check_at = 0
+    for length, rs, off in runs:
+        if work.steps >= check_at:  # NOTE: every 4,096 searches at most, whatever the runs' lengths
+            _tick(deadline)
+            check_at = work.steps + 4096
+        end = rs + length
+        work.scanned += length
+        p = cov.find(0, rs, end)
+        work.steps += 1
+        while p >= 0:
+            q = cov.find(1, p, end)
+            work.steps += 1
+            if q < 0:
+                q = end
+            if q - p >= min_span:
+                kept.append((p, q, off))
+                cov[p:q] = b"\x01" * (q - p)
+            if q >= end:
+                break
+            p = cov.find(0, q, end)
+            work.steps += 1
+    return kept
 
 
 def find_spans(
-    r: U32, rseg: SegmentTable, d: U32, dseg: SegmentTable, *, min_span: int
+    r: U32,
+    rseg: SegmentTable,
+    d: U32,
+    dseg: SegmentTable,
+    *,
+    min_span: int,
+    deadline: Deadline | None = None,
+    work: SpanWork | None = None,
 ) -> tuple[int, list[FoundSpan]]:
     """Return ``(common_prefix, spans)``.
 
@@ -215,42 +366,35 @@ def find_spans(
     their length. Shifted spans are exact runs of at least ``min_span`` tokens
     after splitting, never overlapping each other or the prefix in recipient
     positions. Spans are sorted by ``recipient_start``.
+
+    Worst case, for n tokens, S segments and D = ``MAX_DIAGONALS`` (a constant): O(n log n) to
+    find the diagonals and O(D n) to compare them, giving R <= D (n / (min_span + 1) + 1) runs,
+    sorted in O(R log R); at most n of them are considered, and the greedy pass reads O(D n)
+    bytes in at most 7 R + 2 D n / min_span searches; splitting is O(n log S). At most
+    ``min(lcp, S_r + S_d)`` prefix and ``(n_r - lcp) / min_span`` shifted spans come back.
+    ``deadline`` is checked between bounded steps (per diagonal, every 4,096 searches, 1,024
+    pieces or 4,096 cuts): past it, :class:`~semgov._internal.deadline.DeadlineExceeded` is raised.
     """
+    w = work if work is not None else SpanWork()
+    tables = (rseg, dseg)
+    _tick(deadline)
     m = min(len(r), len(d))
     ne = r[:m] != d[:m]
     lcp = int(ne.argmax()) if m and ne.any() else m
-    spans: list[FoundSpan] = _split(0, 0, lcp, "prefix", rseg, dseg) if lcp else []
-
-    runs: list[tuple[int, int, int]] = []  # (length, recipient_start, offset)
-    for off in _candidate_diagonals(r, d, lcp, min_span):
-        lo = max(lcp, -off)
-        hi = min(len(r), len(d) - off)
-        if hi - lo < min_span:
-            continue
-        starts, lengths = _runs(r[lo:hi] == d[lo + off : hi + off], min_span)
-        runs.extend((int(n), int(s) + lo, off) for s, n in zip(starts, lengths, strict=True))
-
-    # NOTE: greedy by length; each recipient position is served by at most one
-    # span, and pieces trimmed by overlap stay exact because they keep their diagonal.
-    runs.sort(key=lambda x: (-x[0], x[1], x[2]))
-    taken: list[tuple[int, int]] = [(0, lcp)] if lcp else []
-    for length, rs, off in runs:
-        pieces = [(rs, rs + length)]
-        for a, b in taken:
-            nxt = []
-            for s, e in pieces:
-                if e <= a or s >= b:
-                    nxt.append((s, e))
-                    continue
-                if s < a:
-                    nxt.append((s, a))
-                if e > b:
-                    nxt.append((b, e))
-            pieces = nxt
-        for s, e in pieces:
-            if e - s < min_span:
-                continue
-            taken.append((s, e))
-            spans.extend(p for p in _split(s, s + off, e - s, "shifted", rseg, dseg) if p.length >= min_span)
-    spans.sort(key=lambda s: s.recipient_start)
+    spans: list[FoundSpan] = []
+    if lcp:
+        w.cuts += _split(0, 0, lcp, "prefix", tables, 1, spans, deadline)
+    lengths, starts, offs = _collect_runs(r, d, lcp, min_span, deadline)
+    w.runs = len(lengths)
+    _tick(deadline)
+    order = _greedy_order(lengths, starts, offs)
+    w.considered = len(order)
+    runs = list(zip(lengths[order].tolist(), starts[order].tolist(), offs[order].tolist(), strict=True))
+    kept = _take(runs, len(r), lcp, min_span, deadline, w)
+    w.pieces = len(kept)
+    for i, (s, e, off) in enumerate(kept):
+        if i & 1023 == 0:
+            _tick(deadline)
+        w.cuts += _split(s, s + off, e - s, "shifted", tables, min_span, spans, deadline)
+    spans.sort(key=lambda x: x.recipient_start)
     return lcp, spans

@@ -256,3 +256,23 @@ def open_checkpoint(note: bytes, key_name: str, public_key: Ed25519PublicKey) ->
     expected log is the caller's job.
     """
     return Checkpoint.from_body(open_note(note, key_name, public_key))
+
+
+def unverified_checkpoint(note: bytes) -> tuple[Checkpoint, list[str]]:
+    """The checkpoint in a signed note and the key names of its signature lines, *unverified*.
+
+    For finding which keys to check a note with (and for structure-only checks); NoteError when
+    the note or its body is malformed. Verify with :func:`open_note` before trusting anything.
+    """
+    if not isinstance(note, bytes):
+        raise NoteError(f"note must be bytes, got {type(note).__name__}")
+    split = note.rfind(b"\n\n")
+    if split < 0:
+        raise NoteError("malformed note: no blank line before the signatures")
+    cp = Checkpoint.from_body(note[: split + 1])
+    names = [
+        line[len(SIG_PREFIX) :].decode("utf-8", "replace").split(" ")[0]
+        for line in note[split + 2 :].split(b"\n")
+        if line.startswith(SIG_PREFIX)
+    ]
+    return cp, names

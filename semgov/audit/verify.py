@@ -1,77 +1,84 @@
 """Verifying an audit log, and offline proof bundles.
 
-``verify_log`` re-reads every frame, re-hashes every leaf, checks every record's
-signature (decision records and engine events) (in parallel worker processes for large logs), recomputes the
-tree, checks the latest signed checkpoint and every older one kept in the log,
-and, given a checkpoint a reviewer kept, proves the log still extends it. It
-reports the first bad record by index with the reason.
+``verify_log`` re-reads every frame, re-hashes every leaf, checks every record's signature
+(decision records and engine events; in parallel worker processes for large logs) and every
+seal's, recomputes the tree, checks every seal and the latest and every older signed checkpoint
+against it, finds decision and event ids that repeat, and, given a checkpoint a reviewer kept,
+proves the log still extends it.
 
-Proof bundles (``semgov.audit_proof/v1``) carry one record, its inclusion proof
-and the signed checkpoint it is proved against; :func:`verify_bundle` checks one
-with no access to the log.
+Keys come from an :class:`~semgov.audit.keyring.AuditKeyring` (or one public key, valid for
+everything): a record is trusted only when signed by a key valid for its index, a seal or
+checkpoint only when signed by a key valid at its size, and nothing signed by a revoked key is.
+The report says who signed what (:attr:`Report.keys`), what each revoked key affects
+(:attr:`Report.revoked`: exactly which records it signed, which checkpoints and seals only it
+signed, which records only it anchors), and how many records no trusted seal or checkpoint
+anchors (records after the last one: a crash mid-write or someone else's frames). Without keys
+it checks the structure only (:attr:`Report.structure_only`).
+
+Proof bundles (``semgov.audit_proof/v1``) carry one record, its inclusion proof and the signed
+checkpoint it is proved against; :func:`verify_bundle` checks one with no access to the log.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import re
-import struct
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from semgov._internal import strictjson
+from semgov.audit import _scan
+from semgov.audit._scan import Found, SealSeen, WireKeys, brief, record_id
+from semgov.audit.keyring import AuditKey, AuditKeyring
 from semgov.audit.merkle import (
+    EMPTY_ROOT,
+    Frontier,
     ProofError,
     consistency_proof,
     inclusion_proof,
     leaf_hash,
-    root,
     verify_consistency,
     verify_inclusion,
 )
-from semgov.audit.note import Checkpoint, NoteError, open_checkpoint
-from semgov.audit.store import (
-    CHECKPOINTS_DIR,
-    FRAME_HEADER,
-    LOG_FILE,
-    MAX_RECORD_BYTES,
-    AuditLogError,
-    iter_records,
-    key_name_for,
-    read_checkpoint,
-)
-from semgov.canonical import canonicalize_record
+from semgov.audit.note import Checkpoint, NoteError, open_note, unverified_checkpoint
+from semgov.audit.store import CHECKPOINTS_DIR, LOG_FILE, AuditLogError, iter_records, read_checkpoint
 from semgov.keys import key_id_for
-from semgov.models import DECISION_SCHEMA, ENGINE_EVENT_SCHEMA
+from semgov.models import DECISION_SCHEMA
 
 BUNDLE_SCHEMA = "semgov.audit_proof/v1"
 _MAX_SIZE = 2**64 - 1  # tree sizes are uint64 (checkpoints, RFC 9162)
 _MAX_PROOF = 64  # an inclusion path in a tree of at most 2^64 leaves
 _HEX_HASH = re.compile(r"[0-9a-f]{64}")
-_CHUNK = 20_000  # frames per worker task
-_INDEX = struct.Struct(">Q")
+_CHUNK = 20_000  # records per worker task
+_brief = brief
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One finding: the record index it concerns (when it concerns one) and why."""
+    """One finding: the record index it concerns (when it concerns one) and why.
+
+    ``exact`` False: the problem lies somewhere in records ``index..end`` (a checkpoint range).
+    ``named``: the message names its records itself. ``secondary``: a consequence of other
+    findings (records left unanchored), never the headline while another problem exists.
+    """
 
     index: int | None
     message: str
-    exact: bool = True  # False: the problem lies somewhere in records index..end (a checkpoint range)
+    exact: bool = True
     end: int | None = None
+    named: bool = False
+    secondary: bool = False
 
     def __str__(self) -> str:
-        if self.index is None:
+        if self.index is None or self.named:
             return self.message
         return (
             f"record {self.index}: {self.message}"
@@ -81,13 +88,40 @@ class Problem:
 
 
 @dataclass
+class KeyUse:
+    """What one key signed in the log (its signatures verified)."""
+
+    records: list[tuple[int, int]] = field(default_factory=list)  # [start, end) spans of record indexes
+    seals: int = 0
+    seal_sizes: tuple[int, int] | None = None  # smallest and largest tree size sealed
+    checkpoints: list[int] = field(default_factory=list)  # tree sizes
+
+
+@dataclass
+class RevokedImpact:
+    """Exactly what a revoked key affects: nothing it signed is trusted any more."""
+
+    records: list[tuple[int, int]] = field(default_factory=list)  # [start, end) spans it signed
+    checkpoints: list[int] = field(default_factory=list)  # sizes of checkpoints signed only by it
+    seals: int = 0  # seals signed only by it
+    seal_sizes: tuple[int, int] | None = None
+    anchored_only: tuple[int, int] | None = None  # [start, end): records only its seals or checkpoints anchor
+
+
+@dataclass
 class Report:
     records: int = 0
     root: bytes = b""
     checkpoint: Checkpoint | None = None
     checkpoints_checked: int = 0
-    signatures_checked: int = 0
+    signatures_checked: int = 0  # record signatures
+    seals: int = 0
+    seals_checked: int = 0  # seal signatures
+    anchored: int = 0  # records covered by a seal or checkpoint signed by a trusted key
+    structure_only: bool = False  # no key: no signature was checked
     kept: Checkpoint | None = None
+    keys: dict[str, KeyUse] = field(default_factory=dict)
+    revoked: dict[str, RevokedImpact] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -95,11 +129,16 @@ class Report:
     def ok(self) -> bool:
         return not self.problems
 
+    @property
+    def unanchored(self) -> int:
+        return self.records - self.anchored
+
     def first(self) -> Problem | None:
         """The earliest problem by record index; a range gives way to an exact problem inside it."""
-        named = sorted((p for p in self.problems if p.index is not None), key=lambda p: p.index or 0)
+        pool = [p for p in self.problems if not p.secondary] or self.problems
+        named = sorted((p for p in pool if p.index is not None), key=lambda p: p.index or 0)
         if not named:
-            return self.problems[0] if self.problems else None
+            return pool[0] if pool else None
         head = named[0]
         if not head.exact:
             lo = head.index or 0
@@ -110,291 +149,509 @@ class Report:
         return head
 
 
-# ---- per-record signature check (pure; also run in worker processes) ------------------------
-
-
-_SIGNED = {DECISION_SCHEMA: "decision", ENGINE_EVENT_SCHEMA: "engine event"}  # schema -> what it is
-
-
-def _brief(v: Any) -> str:
-    """A short, always printable description of a JSON value from a hostile record."""
-    if isinstance(v, str):
-        return repr(v) if len(v) <= 80 else repr(v[:80]) + "..."
-    if isinstance(v, dict | list):
-        return f"a JSON {'object' if isinstance(v, dict) else 'array'}"
-    text = repr(v)  # None, a bool or a number (json.loads caps an integer at 4300 digits)
-    return text if len(text) <= 40 else "a long number"
-
-
 def record_problem(leaf: bytes, public_key: Ed25519PublicKey, key_id: str) -> str | None:
     """Why ``leaf`` is not a canonical decision record or engine event signed by ``public_key``, or None.
 
     Never raises for any ``leaf`` (this runs on every record of a log, hostile ones included).
     """
-    # NOTE: the hot path of `semgov audit verify` (one call per record): no per-character
-    # scan here. json.loads and the canonicalizer fail cleanly on what they cannot take
-    # (RecursionError on deep nesting, ValueError on bad JSON, a lone surrogate, NaN or
-    # 1e400); everything else that is not RFC 8785 (a duplicate key, which json.loads
-    # drops, other number spellings, spacing or key order) fails the exact-bytes comparison.
-    try:
-        rec = json.loads(leaf)
-    except RecursionError:
-        return "not canonical JSON: nested too deeply"
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, integer over the digit limit
-        return f"not canonical JSON: {e}"
-    schema = rec.get("schema") if isinstance(rec, dict) else None
-    what = _SIGNED.get(schema) if isinstance(schema, str) else None
-    if what is None:
-        return f"not a {DECISION_SCHEMA} or {ENGINE_EVENT_SCHEMA} record"
-    sig = rec.get("signature")
-    if not isinstance(sig, str):
-        return "record has no signature"
-    kid = rec.get("key_id")
-    if kid != key_id:
-        return f"signed by key {_brief(kid)}, expected {key_id!r}"
-    try:
-        canonical = canonicalize_record(rec)
-    except RecursionError:
-        return "not canonical JSON: nested too deeply"
-    except (ValueError, OverflowError) as e:  # rfc8785: lone surrogate, NaN/Infinity, huge integer
-        return f"not canonical JSON: {type(e).__name__}: {e}"
-    if canonical != leaf:
-        return "record bytes are not RFC 8785 canonical JSON"
-    # NOTE: the leaf is canonical, so the signed message (the record without "signature",
-    # canonical) is the leaf with exactly that top-level member cut out; the signature is
-    # base64 (no escapes), and a member's text cannot occur inside a JSON string.
-    member = b',"signature":"' + sig.encode("ascii", "replace") + b'"'
-    if leaf.count(member) != 1:
-        return "record has no unique signature member"
-    message = leaf.replace(member, b"", 1)
-    try:
-        raw = base64.b64decode(sig, validate=True)
-        public_key.verify(raw, message)
-    except Exception:  # noqa: BLE001 - any failure is a bad signature
-        return f"{what} signature does not verify"
-    return None
+    return _scan.inspect_record(leaf, {key_id: public_key}, key_id)[0]
 
 
-def _scan_ranges(path: Path, per: int) -> tuple[list[tuple[int, int, int]], Problem | None]:
-    """Split the log into ranges of ``per`` frames by reading frame headers only.
+def _span_words(start: int, end: int) -> str:
+    """Records ``start..end-1`` in words, for a message that names them."""
+    n = end - start
+    return f"record {start}" if n == 1 else f"records {start}..{end - 1}"
 
-    Returns ``[(first_index, start_offset, end_offset)]`` and the problem that stopped the
-    scan (an incomplete or impossible frame), if any.
+
+def _count_words(start: int, end: int) -> str:
+    n = end - start
+    return f"1 record ({start}) is" if n == 1 else f"{n} records ({start}..{end - 1}) are"
+
+
+# ---- notes (seals and checkpoints) ------------------------------------------------------------------
+
+
+def _open_with(note: bytes, ring: AuditKeyring) -> tuple[Checkpoint, list[str], list[str]]:
+    """The checkpoint of ``note``, the ids of the keyring keys whose signatures verify, the unknown names.
+
+    NoteError when the note is malformed, a keyring key's signature on it does not verify, or no
+    keyring key signed it.
     """
-    size = path.stat().st_size
-    hsize = FRAME_HEADER.size
-    ranges: list[tuple[int, int, int]] = []
-    problem = None
-    with open(path, "rb") as f:
-        off = index = 0
-        start, first = 0, 0
-        while off < size:
-            head = f.read(hsize)
-            if len(head) < hsize:
-                problem = Problem(index, f"incomplete frame header at byte {off} (torn tail?)")
-                break
-            _, length, _ = FRAME_HEADER.unpack(head)
-            end = off + hsize + length
-            if length > MAX_RECORD_BYTES or end > size:
-                problem = Problem(index, f"frame at byte {off} claims {length} bytes; the file ends first")
-                break
-            f.seek(end)
-            off = end
-            index += 1
-            if index - first == per:
-                ranges.append((first, start, off))
-                start, first = off, index
-        if off > start:  # the last, partial range (up to the problem, if one stopped the scan)
-            ranges.append((first, start, off))
-    return ranges, problem
+    cp, names = unverified_checkpoint(note)
+    signers: list[str] = []
+    unknown: list[str] = []
+    for name in dict.fromkeys(names):
+        entry = ring.by_name(name)
+        if entry is None:
+            unknown.append(name)
+            continue
+        open_note(note, name, entry.public_key)
+        signers.append(entry.key_id)
+    if not signers:
+        raise NoteError(f"no signature by a key in the keyring (signed by {', '.join(unknown) or 'no key'})")
+    return cp, signers, unknown
 
 
-def _verify_range(args: tuple[str, int, int, int, bytes]) -> tuple[bytes, list[tuple[int, str]]]:
-    """Worker: frames of one range: index and hash checks, leaf hashes, signature checks."""
-    path, first, start, end, raw_key = args
-    key = Ed25519PublicKey.from_public_bytes(raw_key) if raw_key else None
-    kid = key_id_for(key) if key is not None else ""
-    with open(path, "rb") as f:
-        f.seek(start)
-        data = f.read(end - start)
-    hsize = FRAME_HEADER.size
-    sha256, unpack, pack_index = hashlib.sha256, FRAME_HEADER.unpack_from, _INDEX.pack
-    leaves: list[bytes] = []
-    problems: list[tuple[int, str]] = []
-    off, index = 0, first
-    while off < len(data):
-        frame_index, length, digest = unpack(data, off)
-        leaf = data[off + hsize : off + hsize + length]
-        if sha256(pack_index(index) + leaf).digest() != digest:
-            if frame_index != index and sha256(pack_index(frame_index) + leaf).digest() == digest:
-                problems.append((index, f"frame holds record {frame_index} where record {index} belongs "
-                                        "(a record was deleted, inserted or moved)"))  # fmt: skip
-            else:
-                problems.append((index, "record bytes do not match the frame's SHA-256"))
-        elif frame_index != index:
-            problems.append((index, f"frame at byte offset {start + off}: its index field says "
-                                    f"{frame_index}, not {index} (frame header altered)"))  # fmt: skip
-        elif key is not None:
-            why = record_problem(leaf, key, kid)
-            if why is not None:
-                problems.append((index, why))
-        leaves.append(leaf_hash(leaf))
-        off += hsize + length
-        index += 1
-    return b"".join(leaves), problems
+@dataclass(frozen=True)
+class _Note:
+    """A checkpoint note read from the directory: where, what tree, who signed it."""
+
+    name: str  # "latest checkpoint" or "checkpoint <size>.note"
+    cp: Checkpoint
+    signers: tuple[str, ...]
+
+
+def _trust_problems(ring: AuditKeyring, signers: Iterable[str], size: int) -> tuple[bool, list[str]]:
+    """Whether a signer is trusted at tree ``size``, and why each other signer is not."""
+    trusted, why = False, []
+    for kid in signers:
+        key = ring.get(kid)
+        if key is None:
+            continue
+        if key.trusted_for_size(size):
+            trusted = True
+        elif key.revoked:
+            why.append(f"signed by revoked key {kid}")
+        elif "checkpoints" not in key.signs:
+            why.append(f"signed by key {kid}, which may not sign checkpoints (signs: records)")
+        else:
+            why.append(f"signed by key {kid} outside its validity ({key.validity()})")
+    return trusted, why
+
+
+def _roots_at(hashes: Sequence[bytes], sizes: Iterable[int]) -> dict[int, bytes]:
+    """The Merkle root of the first ``s`` leaves for every ``s`` in ``sizes`` (one pass, O(n))."""
+    want = sorted({s for s in sizes if 0 <= s <= len(hashes)})
+    out: dict[int, bytes] = {}
+    fr = Frontier()
+    k = 0
+    if want and want[0] == 0:
+        out[0] = EMPTY_ROOT
+        k = 1
+    for i, h in enumerate(hashes, start=1):
+        if k >= len(want):
+            break
+        fr.append(h)
+        if want[k] == i:
+            out[i] = fr.root()
+            k += 1
+    return out
 
 
 # ---- the log ----------------------------------------------------------------------------------
-
-
-def _open_cp(note: bytes, public_key: Ed25519PublicKey | None, what: str) -> Checkpoint:
-    if public_key is None:
-        split = note.rfind(b"\n\n")
-        if split < 0:
-            raise NoteError("no blank line before the signatures")
-        return Checkpoint.from_body(note[: split + 1])
-    return open_checkpoint(note, key_name_for(key_id_for(public_key)), public_key)
 
 
 def verify_log(
     directory: Path,
     *,
     public_key: Ed25519PublicKey | None = None,
+    keyring: AuditKeyring | None = None,
     kept_checkpoint: bytes | None = None,
     workers: int | None = None,
+    allow_unanchored: bool = False,
 ) -> Report:
-    """Verify everything in the log at ``directory`` (see the module docstring)."""
-    rep = Report()
-    raw_key = public_key.public_bytes(Encoding.Raw, PublicFormat.Raw) if public_key is not None else b""
-    nproc = workers if workers is not None else min(2, os.cpu_count() or 1)
+    """Verify everything in the log at ``directory`` (see the module docstring).
+
+    ``public_key`` (one key, valid for everything) or ``keyring``; neither: structure only.
+    ``allow_unanchored``: records no trusted seal or checkpoint anchors are a note, not a problem.
+    """
+    if public_key is not None and keyring is not None:
+        raise ValueError("give public_key or keyring, not both")
+    ring = AuditKeyring.single(public_key) if public_key is not None else keyring
+    expected = key_id_for(public_key) if public_key is not None else None
     path = Path(directory) / LOG_FILE
     if not path.exists():
         raise AuditLogError("no audit log here (records.log is missing)", source=str(directory))
-    ranges, scan_problem = _scan_ranges(path, _CHUNK)
-    jobs = [(str(path), first, start, end, raw_key) for first, start, end in ranges]
-    joined: list[bytes] = []
-    if nproc > 1 and len(ranges) > 1:
-        with ProcessPoolExecutor(nproc) as pool:
-            results = list(pool.map(_verify_range, jobs))
-    else:
-        results = [_verify_range(j) for j in jobs]
-    for leaves, found in results:
-        joined.append(leaves)
-        rep.problems += [Problem(i, why) for i, why in found]
-    blob = b"".join(joined)
-    hashes = [blob[i : i + 32] for i in range(0, len(blob), 32)]
-    if scan_problem is not None:
-        rep.problems.append(scan_problem)
-    if public_key is None:
-        rep.notes.append("record signatures not checked (no public key given)")
-    else:
-        rep.signatures_checked = len(hashes)
-    rep.records = len(hashes)
-    rep.root = root(hashes)
-    _check_checkpoints(directory, hashes, public_key, rep)
-    if kept_checkpoint is not None:
-        _check_kept(kept_checkpoint, hashes, public_key, rep)
-    rep.problems.sort(key=lambda p: (p.index is None, p.index or 0))
-    return rep
+    v = _Verifier(Path(directory), ring, expected)
+    v.scan(workers if workers is not None else min(2, os.cpu_count() or 1))
+    v.read_checkpoints(kept_checkpoint)
+    v.check_tree()
+    v.check_records()
+    v.check_anchoring(allow_unanchored)
+    v.check_duplicates()
+    v.rep.problems.sort(key=lambda p: (p.index is None, p.index or 0))
+    return v.rep
 
 
-def _prefix_problem(cp: Checkpoint, hashes: Sequence[bytes], what: str) -> Problem | None:
-    n = len(hashes)
-    if cp.size > n:
-        return Problem(n, f"log truncated: it has {n} records but the {what} covers {cp.size}; "
-                          f"records {n}..{cp.size - 1} are missing")  # fmt: skip
-    if root(hashes[: cp.size]) != cp.root:
-        return Problem(None, f"the first {cp.size} records do not hash to the {what}'s root: "
-                             "records were altered, removed, inserted or reordered")  # fmt: skip
-    return None
+class _Verifier:
+    """The parent side of :func:`verify_log`: everything that needs the whole log."""
 
+    def __init__(self, directory: Path, ring: AuditKeyring | None, expected: str | None) -> None:
+        self.directory = directory
+        self.path = directory / LOG_FILE
+        self.ring = ring
+        self.expected = expected
+        self.rep = Report(structure_only=ring is None)
+        self.hashes: list[bytes] = []
+        self.ranges: list[tuple[int, int, int]] = []
+        self.found: list[Found] = []
+        self.seals: list[SealSeen] = []
+        self.history: list[_Note] = []  # checkpoints/<size>.note, by size
+        self.latest: _Note | None = None
+        self.kept: _Note | None = None
+        self.roots: dict[int, bytes] = {}
+        # (size, signers) of every seal and checkpoint whose tree matches the records
+        self.anchors: list[tuple[int, tuple[str, ...]]] = []
 
-def _check_checkpoints(
-    directory: Path, hashes: list[bytes], key: Ed25519PublicKey | None, rep: Report
-) -> None:
-    note = read_checkpoint(directory)
-    if note is None:
-        rep.notes.append("no checkpoint yet: nothing anchors the log's head")
-        return
-    try:
-        rep.checkpoint = _open_cp(note, key, "checkpoint")
-    except NoteError as e:
-        rep.problems.append(Problem(None, f"latest checkpoint rejected: {e}"))
-        return
-    if key is None:
-        rep.notes.append("checkpoint signatures not checked (no public key given)")
-    # Older checkpoints kept by the log localise a mismatch to the records between two of them.
-    history: list[tuple[int, Checkpoint]] = []
-    try:
-        names = os.listdir(directory / CHECKPOINTS_DIR)
-    except FileNotFoundError:
-        names = []
-    # NOTE: ASCII digits only: str.isdigit() is also true of "²" or "٣", which int() refuses.
-    numbered = [n for n in names if n.endswith(".note") and n[:-5].isascii() and n[:-5].isdigit()]
-    for name in sorted(numbered, key=lambda n: int(n[:-5])):
+    # -- frames --------------------------------------------------------------------------------
+
+    def scan(self, nproc: int) -> None:
+        """Every frame, in worker processes when the log has several ranges."""
+        self.ranges, scan_problem = _scan.scan_ranges(self.path, _CHUNK)
+        wire: WireKeys = None
+        if self.ring is not None:
+            wire = tuple((k.key_id, k.public_key.public_bytes_raw()) for k in self.ring)
+        jobs = [(str(self.path), first, start, end, wire, self.expected) for first, start, end in self.ranges]
+        if nproc > 1 and len(jobs) > 1:
+            with ProcessPoolExecutor(nproc) as pool:
+                self.found = list(pool.map(_scan.verify_range, jobs))
+        else:
+            self.found = [_scan.verify_range(j) for j in jobs]
+        rep = self.rep
+        for f in self.found:
+            self.hashes += [f.leaves[i : i + 32] for i in range(0, len(f.leaves), 32)]
+            rep.problems += [Problem(i, why) for i, why in f.problems]
+            self.seals += f.seals
+        if scan_problem is not None:
+            rep.problems.append(Problem(*scan_problem))
+        rep.records = len(self.hashes)
+        rep.seals = len(self.seals)
+        if self.ring is None:
+            rep.notes.append("no signature checked (no key given): structure only")
+        else:
+            rep.signatures_checked = rep.records
+            rep.seals_checked = rep.seals
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def _note(self, data: bytes, what: str) -> _Note | None:
         try:
-            cp = _open_cp((directory / CHECKPOINTS_DIR / name).read_bytes(), key, name)
-        except (NoteError, OSError) as e:
-            rep.problems.append(Problem(None, f"checkpoint {name} rejected: {e}"))
-            continue
-        history.append((cp.size, cp))
-    rep.checkpoints_checked = len(history) + 1
-    prev = 0
-    for size, cp in history:
-        if cp.origin != rep.checkpoint.origin:
-            rep.problems.append(Problem(None, f"checkpoint of size {size} names another log {cp.origin!r}"))
-        p = _prefix_problem(cp, hashes, f"checkpoint of size {size}")
-        if p is not None:
-            if p.index is None:
-                p = Problem(
-                    prev, f"{p.message} (between records {prev} and {size - 1})", exact=False, end=size - 1
+            if self.ring is None:
+                cp, _ = unverified_checkpoint(data)
+                signers: Sequence[str] = ()
+            else:
+                cp, signers, _ = _open_with(data, self.ring)
+        except NoteError as e:
+            self.rep.problems.append(Problem(None, f"{what} rejected: {e}"))
+            return None
+        return _Note(what, cp, tuple(signers))
+
+    def read_checkpoints(self, kept: bytes | None) -> None:
+        """The latest checkpoint, every older one the log kept, and the reviewer's, signatures checked."""
+        rep = self.rep
+        note = read_checkpoint(self.directory)
+        if note is None:
+            rep.notes.append("no checkpoint yet")
+        else:
+            self.latest = self._note(note, "latest checkpoint")
+            rep.checkpoint = self.latest.cp if self.latest is not None else None
+        try:
+            names = os.listdir(self.directory / CHECKPOINTS_DIR)
+        except FileNotFoundError:
+            names = []
+        # NOTE: ASCII digits only: str.isdigit() is also true of "²" or "٣", which int() refuses.
+        numbered = [n for n in names if n.endswith(".note") and n[:-5].isascii() and n[:-5].isdigit()]
+        for name in sorted(numbered, key=lambda n: int(n[:-5])):
+            try:
+                data = (self.directory / CHECKPOINTS_DIR / name).read_bytes()
+            except OSError as e:
+                rep.problems.append(Problem(None, f"checkpoint {name} rejected: {e.strerror}"))
+                continue
+            n = self._note(data, f"checkpoint {name}")
+            if n is not None and n.cp.size != int(name[:-5]):
+                rep.problems.append(
+                    Problem(None, f"checkpoint {name} holds a checkpoint of size {n.cp.size}")
                 )
+            elif n is not None:
+                self.history.append(n)
+        rep.checkpoints_checked = len(self.history) + (note is not None)
+        if kept is not None and self.ring is None:
+            rep.problems.append(
+                Problem(None, "a kept checkpoint can only be checked with --pubkey or --keyring")
+            )
+        elif kept is not None:
+            self.kept = self._note(kept, "kept checkpoint")
+            rep.kept = self.kept.cp if self.kept is not None else None
+
+    # -- the tree: seals and checkpoints against the records --------------------------------------------
+
+    def check_tree(self) -> None:
+        notes = [n for n in (self.latest, self.kept, *self.history) if n is not None]
+        sizes = [len(self.hashes), *(s.size for s in self.seals), *(n.cp.size for n in notes)]
+        self.roots = _roots_at(self.hashes, sizes)
+        self.rep.root = self.roots[len(self.hashes)]
+        self._check_seals()
+        self._check_checkpoints()
+        if self.kept is not None:
+            self._check_kept(self.kept)
+
+    def _origin(self) -> str | None:
+        if self.latest is not None:
+            return self.latest.cp.origin
+        return self.seals[0].origin if self.seals else None
+
+    def _check_seals(self) -> None:
+        """Each seal: in order, of this log, over the records before it, by a trusted key."""
+        origin, prev, rep = self._origin(), -1, self.rep
+        untrusted: dict[str, list[int]] = defaultdict(list)  # why -> seal sizes
+        for s in self.seals:
+            where = f"seal for size {s.size} at byte offset {s.offset}"
+            if s.size <= prev:
+                rep.problems.append(
+                    Problem(None, f"{where} repeats or goes back from the seal for size {prev}")
+                )
+                continue
+            if origin is not None and s.origin != origin:
+                rep.problems.append(Problem(None, f"{where} names another log ({s.origin!r})"))
+                continue
+            if self.roots.get(s.size) != s.root:
+                lo = max(prev, 0)
+                why = (
+                    f"{where} does not match the records before it: records {lo}..{s.size - 1} were altered, "
+                )
+                rep.problems.append(
+                    Problem(
+                        lo, why + "or it seals another tree (a fork)", exact=False, end=s.size - 1, named=True
+                    )
+                )
+                continue
+            prev = s.size
+            self.anchors.append((s.size, s.signers))
+            for kid in s.signers:
+                use = self._use(kid)
+                use.seals += 1
+                use.seal_sizes = (use.seal_sizes[0] if use.seal_sizes else s.size, s.size)
+            self._seal_trust(s, untrusted)
+        for why, sizes in untrusted.items():
+            n = len(sizes)
+            what = (
+                f"the seal for size {sizes[0]} is"
+                if n == 1
+                else f"{n} seals (sizes {sizes[0]}..{sizes[-1]}) are"
+            )
+            rep.problems.append(Problem(None, f"{what} {why}"))
+
+    def _seal_trust(self, s: SealSeen, untrusted: dict[str, list[int]]) -> None:
+        ring = self.ring
+        if ring is None:
+            return
+        if not s.signers:
+            untrusted[
+                f"signed by no key in the keyring (signed by {', '.join(s.unknown) or 'no key'})"
+            ].append(s.size)
+            return
+        trusted, why = _trust_problems(ring, s.signers, s.size)
+        if trusted:
+            return
+        keys = [k for k in (ring.get(kid) for kid in s.signers) if k is not None]
+        if all(k.revoked for k in keys):  # not a problem of its own: what it leaves unanchored is
+            for k in keys:
+                impact = self._impact(k.key_id)
+                impact.seals += 1
+                impact.seal_sizes = (impact.seal_sizes[0] if impact.seal_sizes else s.size, s.size)
+            return
+        for w in why:
+            if not w.startswith("signed by revoked"):
+                untrusted[w].append(s.size)
+
+    def _prefix_problem(self, cp: Checkpoint, what: str) -> Problem | None:
+        n = len(self.hashes)
+        if cp.size > n:
+            return Problem(n, f"log truncated: it has {n} records but the {what} covers {cp.size}; "
+                              f"records {n}..{cp.size - 1} are missing")  # fmt: skip
+        if self.roots.get(cp.size) != cp.root:
+            return Problem(None, f"the first {cp.size} records do not hash to the {what}'s root: "
+                                 "records were altered, removed, inserted or reordered")  # fmt: skip
+        return None
+
+    def _check_checkpoints(self) -> None:
+        """Older checkpoints localise a mismatch to the records between two of them; then the latest."""
+        rep, prev = self.rep, 0
+        latest = self.latest
+        for n in self.history:
+            size = n.cp.size
+            if latest is not None and n.cp.origin != latest.cp.origin:
+                rep.problems.append(
+                    Problem(None, f"checkpoint of size {size} names another log {n.cp.origin!r}")
+                )
+            self._checkpoint_trust(n)
+            p = self._prefix_problem(n.cp, f"checkpoint of size {size}")
+            if p is not None:
+                if p.index is None:
+                    p = Problem(
+                        prev,
+                        f"{p.message} (between records {prev} and {size - 1})",
+                        exact=False,
+                        end=size - 1,
+                    )
+                rep.problems.append(p)
+                break
+            self.anchors.append((size, n.signers))
+            prev = size
+        if latest is None:
+            return
+        if not any(n.cp == latest.cp and n.signers == latest.signers for n in self.history):
+            self._checkpoint_trust(latest)
+        p = self._prefix_problem(latest.cp, "latest checkpoint")
+        if p is None:
+            self.anchors.append((latest.cp.size, latest.signers))
+        elif not any(q.message == p.message for q in rep.problems):
+            end = latest.cp.size - 1
+            rep.problems.append(p if p.index is not None else Problem(prev, p.message, exact=False, end=end))
+
+    def _checkpoint_trust(self, n: _Note) -> None:
+        for kid in n.signers:
+            if n.cp.size not in self._use(kid).checkpoints:
+                self._use(kid).checkpoints.append(n.cp.size)
+        if self.ring is None:
+            return
+        trusted, why = _trust_problems(self.ring, n.signers, n.cp.size)
+        if trusted:
+            return
+        self.rep.problems += [Problem(None, f"{n.name}: {w}") for w in why]
+        revoked = [k for k in n.signers if (key := self.ring.get(k)) is not None and key.revoked]
+        if len(revoked) == len(n.signers):
+            for kid in revoked:
+                if n.cp.size not in self._impact(kid).checkpoints:
+                    self._impact(kid).checkpoints.append(n.cp.size)
+
+    def _check_kept(self, kept: _Note) -> None:
+        rep, latest = self.rep, self.rep.checkpoint
+        assert self.ring is not None  # a kept checkpoint is only read with keys
+        trusted, why = _trust_problems(self.ring, kept.signers, kept.cp.size)
+        if not trusted:
+            rep.problems += [Problem(None, f"kept checkpoint: {w}") for w in why]
+            return
+        if latest is not None and kept.cp.origin != latest.origin:
+            rep.problems.append(Problem(None, f"kept checkpoint is for another log ({kept.cp.origin!r})"))
+            return
+        p = self._prefix_problem(kept.cp, "kept checkpoint")
+        if p is not None:
             rep.problems.append(p)
-            break
-        prev = size
-    p = _prefix_problem(rep.checkpoint, hashes, "latest checkpoint")
-    if p is not None and not any(q.message == p.message for q in rep.problems):
-        cp_size = rep.checkpoint.size
-        rep.problems.append(
-            p if p.index is not None else Problem(prev, p.message, exact=False, end=cp_size - 1)
+            return
+        if latest is not None and latest.size >= kept.cp.size:
+            try:
+                proof = consistency_proof(kept.cp.size, latest.size, self.hashes)
+                verify_consistency(kept.cp.size, latest.size, kept.cp.root, latest.root, proof)
+                rep.notes.append(
+                    f"kept checkpoint (size {kept.cp.size}) is consistent with the latest "
+                    f"(size {latest.size}): {len(proof)}-hash proof verified"
+                )
+            except ProofError as e:
+                rep.problems.append(Problem(None, f"kept checkpoint is not consistent with the latest: {e}"))
+        elif latest is not None:
+            rep.problems.append(
+                Problem(
+                    latest.size,
+                    f"latest checkpoint (size {latest.size}) is older than the kept one ({kept.cp.size})",
+                )
+            )
+
+    # -- records, anchoring, ids ----------------------------------------------------------------------
+
+    def _use(self, kid: str) -> KeyUse:
+        return self.rep.keys.setdefault(kid, KeyUse())
+
+    def _impact(self, kid: str) -> RevokedImpact:
+        return self.rep.revoked.setdefault(kid, RevokedImpact())
+
+    def check_records(self) -> None:
+        """Who signed which records, against each key's validity, role and revocation."""
+        if self.ring is None:
+            return
+        spans: list[tuple[int, int, str]] = []
+        for f in self.found:
+            for a, b, kid in f.spans:
+                if spans and spans[-1][1] == a and spans[-1][2] == kid:
+                    spans[-1] = (spans[-1][0], b, kid)
+                else:
+                    spans.append((a, b, kid))
+        for a, b, kid in spans:
+            key = self.ring.get(kid)
+            assert key is not None  # the worker verified the signature with this key
+            self._use(kid).records.append((a, b))
+            for lo, hi, why in _record_span_problems(key, a, b):
+                self.rep.problems.append(_span_problem(lo, hi, why))
+            if key.revoked:
+                self._impact(kid).records.append((a, b))
+
+    def check_anchoring(self, allow: bool) -> None:
+        """How far a seal or checkpoint by a trusted key anchors the log; what only revoked keys anchor."""
+        rep, ring = self.rep, self.ring
+
+        def trusted(size: int, signers: tuple[str, ...]) -> bool:
+            if ring is None:
+                return True  # structure only: a seal or checkpoint whose tree matches
+            return any((k := ring.get(kid)) is not None and k.trusted_for_size(size) for kid in signers)
+
+        rep.anchored = max((s for s, signers in self.anchors if trusted(s, signers)), default=0)
+        for kid in rep.revoked:
+            only = max((s for s, signers in self.anchors if kid in signers), default=0)
+            if only > rep.anchored:
+                rep.revoked[kid].anchored_only = (rep.anchored, only)
+        if rep.records <= rep.anchored:
+            return
+        by = "any signature" if ring is not None else "any seal or checkpoint"
+        msg = (
+            f"{_count_words(rep.anchored, rep.records)} not anchored by {by}: no seal or checkpoint by "
+            "a trusted key covers them (appended after the last seal: a crash mid-write, or someone else's "
+            "frames)"
         )
+        if allow:
+            rep.notes.append(msg)
+        else:
+            rep.problems.append(
+                Problem(rep.anchored, msg, exact=False, end=rep.records - 1, named=True, secondary=True)
+            )
+
+    def check_duplicates(self) -> None:
+        """A decision_id or event_id that two records carry: an error naming both indexes."""
+        at = np.frombuffer(b"".join(f.id_at for f in self.found), dtype=np.uint64)
+        hashes = np.frombuffer(b"".join(f.id_hash for f in self.found), dtype=np.uint64)
+        if len(hashes) < 2:
+            return
+        order = np.argsort(hashes, kind="stable")
+        ordered = hashes[order]
+        same = np.flatnonzero(ordered[1:] == ordered[:-1])
+        if not len(same):
+            return
+        wanted = {int(at[order[i]]) for i in same} | {int(at[order[i + 1]]) for i in same}
+        leaves = _scan.leaves_at(self.path, self.ranges, wanted)
+        first: dict[tuple[str, str], int] = {}
+        for index in sorted(leaves):
+            try:
+                rid = record_id(json.loads(leaves[index]))
+            except (ValueError, RecursionError):
+                continue
+            if rid is None:
+                continue
+            if rid in first:
+                why = f"{rid[0]} {brief(rid[1])} repeats record {first[rid]}"
+                self.rep.problems.append(Problem(index, why + " (a record logged twice, or a replay)"))
+            else:
+                first[rid] = index
 
 
-def _check_kept(note: bytes, hashes: list[bytes], key: Ed25519PublicKey | None, rep: Report) -> None:
-    if key is None:
-        rep.problems.append(Problem(None, "a kept checkpoint can only be checked with --pubkey"))
-        return
-    try:
-        kept = open_checkpoint(note, key_name_for(key_id_for(key)), key)
-    except NoteError as e:
-        rep.problems.append(Problem(None, f"kept checkpoint rejected: {e}"))
-        return
-    rep.kept = kept
-    latest = rep.checkpoint
-    if latest is not None and kept.origin != latest.origin:
-        rep.problems.append(Problem(None, f"kept checkpoint is for another log ({kept.origin!r})"))
-        return
-    p = _prefix_problem(kept, hashes, "kept checkpoint")
-    if p is not None:
-        rep.problems.append(p)
-        return
-    if latest is not None and latest.size >= kept.size:
-        try:
-            proof = consistency_proof(kept.size, latest.size, hashes)
-            verify_consistency(kept.size, latest.size, kept.root, latest.root, proof)
-            rep.notes.append(
-                f"kept checkpoint (size {kept.size}) is consistent with the latest (size {latest.size}): "
-                f"{len(proof)}-hash proof verified"
-            )
-        except ProofError as e:
-            rep.problems.append(Problem(None, f"kept checkpoint is not consistent with the latest: {e}"))
-    elif latest is not None:
-        rep.problems.append(
-            Problem(
-                latest.size,
-                f"latest checkpoint (size {latest.size}) is older than the kept one ({kept.size})",
-            )
-        )
+def _record_span_problems(key: AuditKey, a: int, b: int) -> list[tuple[int, int, str]]:
+    """Parts of records ``a..b-1`` (signed by ``key``) that the key may not vouch for, and why."""
+    if key.revoked:
+        return [(a, b, f"signed by revoked key {key.key_id}")]
+    if "records" not in key.signs:
+        return [(a, b, f"signed by key {key.key_id}, which may not sign records (signs: checkpoints)")]
+    out = []
+    why = f"signed by key {key.key_id} outside its validity ({key.validity()})"
+    if a < key.not_before_size:
+        out.append((a, min(b, key.not_before_size), why))
+    if key.not_after_size is not None and b > key.not_after_size:
+        out.append((max(a, key.not_after_size), b, why))
+    return out
+
+
+def _span_problem(lo: int, hi: int, why: str) -> Problem:
+    if hi - lo == 1:
+        return Problem(lo, why)
+    verb = why.replace("signed by", "are signed by", 1)
+    return Problem(lo, f"records {lo}..{hi - 1} {verb}", exact=False, end=hi - 1, named=True)
 
 
 # ---- offline proof bundles --------------------------------------------------------------------
@@ -406,7 +663,7 @@ def make_bundle(directory: Path, decision_id: str) -> dict[str, Any]:
     if note is None:
         raise AuditLogError("the log has no checkpoint yet; nothing to prove against", source=str(directory))
     try:
-        cp = _open_cp(note, None, "checkpoint")
+        cp, _ = unverified_checkpoint(note)
     except NoteError as e:
         raise AuditLogError(f"the latest checkpoint is malformed: {e}", source=str(directory)) from e
     hashes: list[bytes] = []
@@ -478,13 +735,15 @@ def read_bundle(data: bytes | str) -> Any:
     return strictjson.loads(data)
 
 
-def verify_bundle(bundle: Any, public_key: Ed25519PublicKey) -> dict[str, Any]:
+def verify_bundle(bundle: Any, key: Ed25519PublicKey | AuditKeyring) -> dict[str, Any]:
     """Check a proof bundle without the log; return its record (a decision, or an engine event).
 
     ``bundle`` is the parsed document (see :func:`read_bundle`), or the file's bytes or text,
     parsed here strictly (only then can a duplicate key be seen). Every field must have its
     exact type: ``index`` and ``tree_size`` JSON integers in range (not ``4.9``, ``1e400`` or
-    ``false``), the proof a list of 64 lower-case hex digits each. Raises ProofError.
+    ``false``), the proof a list of 64 lower-case hex digits each. ``key``: one public key, or a
+    keyring (after a rotation the record and the checkpoint may be signed by different keys;
+    each must be valid where it signs, and not revoked). Raises ProofError.
     """
     if isinstance(bundle, bytes | str):
         try:
@@ -510,14 +769,23 @@ def verify_bundle(bundle: Any, public_key: Ed25519PublicKey) -> dict[str, Any]:
             )
     proof = [bytes.fromhex(h) for h in hashes]
     note = _text_field(bundle, "checkpoint")
+    ring = key if isinstance(key, AuditKeyring) else AuditKeyring.single(key)
+    expected = None if isinstance(key, AuditKeyring) else key_id_for(key)
     try:
-        cp = open_checkpoint(note, key_name_for(key_id_for(public_key)), public_key)
+        cp, signers, _ = _open_with(note, ring)
     except NoteError as e:
         raise ProofError(f"checkpoint rejected: {e}") from e
+    trusted, why_not = _trust_problems(ring, signers, cp.size)
+    if not trusted:
+        raise ProofError(f"checkpoint rejected: {'; '.join(why_not)}")
     if cp.size != size:
         raise ProofError(f"bundle says tree size {size}, its checkpoint says {cp.size}")
     verify_inclusion(index, size, leaf_hash(leaf), proof, cp.root)
-    why = record_problem(leaf, public_key, key_id_for(public_key))
+    keys = {k.key_id: k.public_key for k in ring}
+    why, kid, _ = _scan.inspect_record(leaf, keys, expected)
+    signer = ring.get(kid) if kid is not None else None
+    if why is None and signer is not None:
+        why = next((w for _, _, w in _record_span_problems(signer, index, index + 1)), None)
     if why is not None:
         raise ProofError(f"record {index}: {why}")
     rec: dict[str, Any] = json.loads(leaf)

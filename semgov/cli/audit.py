@@ -9,8 +9,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, get_args
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from semgov._internal import log, strictjson
 from semgov._internal.strictjson import StrictJSONError
+from semgov.audit.keyring import AuditKeyring
 from semgov.audit.merkle import ProofError
 from semgov.audit.query import (
     Filter,
@@ -23,7 +26,7 @@ from semgov.audit.query import (
     tally,
 )
 from semgov.audit.store import AuditLogError, iter_records
-from semgov.audit.verify import make_bundle, read_bundle, verify_bundle, verify_log
+from semgov.audit.verify import Report, make_bundle, read_bundle, verify_bundle, verify_log
 from semgov.errors import InputError
 from semgov.keys import load_public_key
 from semgov.models import ENGINE_EVENT_SCHEMA, GATES, EngineEventKind
@@ -40,19 +43,7 @@ def register(sub: Any) -> None:
     )
     a = p.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
 
-    v = a.add_parser(
-        "verify",
-        help="re-hash and check everything in a log",
-        description="Re-read every record (frame hashes and leaf indices), check every record's "
-        "signature (decisions and engine events) and the latest checkpoint (and every older one the "
-        "log kept), and, given a checkpoint you kept earlier, prove the log still extends it. Reports "
-        "the first bad record by index with the reason; exit 1 on any problem.",
-    )
-    v.add_argument("directory", type=Path, nargs="?", default=DEFAULT_DIR, metavar="DIR")
-    v.add_argument("--pubkey", type=Path, metavar="KEY", help="the decision signing key's public PEM")
-    v.add_argument("--checkpoint", type=Path, metavar="FILE", help="a checkpoint note you kept earlier")
-    v.add_argument("--workers", type=int, metavar="N", help="processes for signature checks (default 2)")
-    v.set_defaults(func=run_verify)
+    _register_verify(a)
 
     s = a.add_parser(
         "show",
@@ -96,8 +87,51 @@ def register(sub: Any) -> None:
         "and the decision record's own signature. Exit 1 if anything fails.",
     )
     vp.add_argument("bundle", type=Path, metavar="FILE")
-    vp.add_argument("--pubkey", type=Path, required=True, metavar="KEY")
+    vkeys = vp.add_mutually_exclusive_group(required=True)
+    vkeys.add_argument("--pubkey", type=Path, metavar="KEY", help="the one key of the record and checkpoint")
+    vkeys.add_argument("--keyring", type=Path, metavar="FILE", help="audit keyring (after a key rotation)")
     vp.set_defaults(func=run_verify_proof)
+
+
+def _register_verify(a: Any) -> None:
+    v = a.add_parser(
+        "verify",
+        help="re-hash and check everything in a log",
+        description="Re-read every record (frame hashes and leaf indices), check every record's "
+        "signature (decisions and engine events), every seal (the writer's signed tree head after each "
+        "batch) and the latest checkpoint (and every older one the log kept), find decision and event ids "
+        "that repeat, and, given a checkpoint you kept earlier, prove the log still extends it. Records no "
+        "seal or checkpoint by a trusted key anchors are a problem. With --keyring, each key is trusted "
+        "only where its entry says (not_before_size, not_after_size, signs, revoked), and every revoked "
+        "key's records and checkpoints are named. Reports the first bad record by index with the reason.",
+        epilog="exit status: 0 OK; 1 FAILED (a problem was found); 2 bad input; 3 UNVERIFIED (no --pubkey "
+        "or --keyring, and no --structure-only: nothing was checked that a key could vouch for).",
+    )
+    v.add_argument("directory", type=Path, nargs="?", default=DEFAULT_DIR, metavar="DIR")
+    keys = v.add_mutually_exclusive_group()
+    keys.add_argument("--pubkey", type=Path, metavar="KEY", help="the log's one signing key's public PEM")
+    keys.add_argument(
+        "--keyring",
+        type=Path,
+        metavar="FILE",
+        help="audit keyring (docs/formats.md): every key that signed records, seals or checkpoints, with "
+        "where each is valid and whether it is revoked (after a key rotation)",
+    )
+    keys.add_argument(
+        "--structure-only",
+        action="store_true",
+        help="no key: check frames, hashes, the tree, seals and checkpoints against it, and ids, but no "
+        "signature; exit 0 if that structure is sound (without this flag, no key means UNVERIFIED, exit 3)",
+    )
+    v.add_argument("--checkpoint", type=Path, metavar="FILE", help="a checkpoint note you kept earlier")
+    v.add_argument(
+        "--allow-unanchored",
+        action="store_true",
+        help="report records after the last trusted seal or checkpoint as a note, not a failure "
+        "(a log whose writer is running or crashed mid-write)",
+    )
+    v.add_argument("--workers", type=int, metavar="N", help="processes for signature checks (default 2)")
+    v.set_defaults(func=run_verify)
 
 
 def _filters(p: argparse.ArgumentParser) -> None:
@@ -129,7 +163,14 @@ def _filter(args: argparse.Namespace) -> Filter:
 
 
 def _decoded(directory: Path) -> Any:
-    for i, leaf in iter_records(directory):
+    after_seal = [0, 0]  # records since the last seal frame, seal frames seen
+
+    def on_seal(*_: Any) -> None:
+        after_seal[0] = 0
+        after_seal[1] += 1
+
+    for i, leaf in iter_records(directory, on_seal):
+        after_seal[0] += 1
         try:
             # NOTE: a record cannot nest deeper than it has brackets: only one with many goes
             # through the strict reader (slower, but depth-limited); the rest stay on json.loads.
@@ -142,35 +183,88 @@ def _decoded(directory: Path) -> Any:
         if not isinstance(rec, dict):
             raise AuditLogError(f"record {i} is not a JSON object", source=str(directory))
         yield i, rec
+    if after_seal[0] and after_seal[1]:
+        log.get_logger().warning(
+            f"{directory}: the last {after_seal[0]} records are not sealed (a writer is mid-write or "
+            "crashed, or someone else appended them); these are counts of unverified records: run "
+            "`semgov audit verify`"
+        )
+
+
+def _spans(spans: list[tuple[int, int]]) -> str:
+    return ", ".join(f"{a}" if b - a == 1 else f"{a}..{b - 1}" for a, b in spans) or "none"
+
+
+def _sizes(sizes: list[int]) -> str:
+    return ", ".join(map(str, sorted(sizes))) if sizes else "none"
+
+
+def _print_keys(rep: Report) -> None:
+    for kid, use in sorted(rep.keys.items(), key=lambda kv: (kv[1].records or [(1 << 64, 0)])[0]):
+        seals = "no seals" if use.seal_sizes is None else f"{use.seals} seals (sizes {use.seal_sizes[0]}.."
+        seals += f"{use.seal_sizes[1]})" if use.seal_sizes is not None else ""
+        print(f"key {kid}: records {_spans(use.records)}; {seals}; checkpoints {_sizes(use.checkpoints)}")
+    for kid, hit in sorted(rep.revoked.items()):
+        n = sum(b - a for a, b in hit.records)
+        seals = f"{hit.seals} (sizes {hit.seal_sizes[0]}..{hit.seal_sizes[1]})" if hit.seal_sizes else "none"
+        only = "none" if hit.anchored_only is None else _spans([hit.anchored_only])
+        print(f"revoked key {kid}: records {_spans(hit.records)} ({n} records) are signed by it; "
+              f"checkpoints signed only by it: size {_sizes(hit.checkpoints)}; "
+              f"seals signed only by it: {seals}; records anchored only by it: {only}")  # fmt: skip
 
 
 def run_verify(args: argparse.Namespace) -> int:
     key = load_public_key(args.pubkey) if args.pubkey else None
+    keyring = AuditKeyring.load(args.keyring) if args.keyring else None
     kept = None
     if args.checkpoint is not None:
         try:
             kept = args.checkpoint.read_bytes()
         except OSError as e:
             raise InputError(f"cannot read checkpoint: {e.strerror}", source=str(args.checkpoint)) from e
-    rep = verify_log(args.directory, public_key=key, kept_checkpoint=kept, workers=args.workers)
+    rep = verify_log(
+        args.directory,
+        public_key=key,
+        keyring=keyring,
+        kept_checkpoint=kept,
+        workers=args.workers,
+        allow_unanchored=args.allow_unanchored,
+    )
     cp = rep.checkpoint
-    print(f"audit log {args.directory}: {rep.records} records, root {rep.root.hex()}")
-    print(f"signatures checked: {rep.signatures_checked}")
+    print(f"audit log {args.directory}: {rep.records} records, {rep.seals} seals, root {rep.root.hex()}")
+    print(f"signatures checked: {rep.signatures_checked} records, {rep.seals_checked} seals")
     if cp is not None:
         print(
             f"latest checkpoint: {cp.origin} size {cp.size} ({rep.checkpoints_checked} checkpoints checked)"
         )
+    by = "" if rep.structure_only else " signed by a trusted key"
+    print(f"anchored: {rep.anchored} of {rep.records} records (by a seal or checkpoint{by})")
+    _print_keys(rep)
     for n in rep.notes:
         print(f"note: {n}")
     first = rep.first()
+    if first is None and rep.structure_only and not args.structure_only:
+        print(
+            f"UNVERIFIED: no --pubkey or --keyring given: the {rep.records} record signatures, the "
+            f"{rep.seals} seal and {rep.checkpoints_checked} checkpoint signatures were not checked (the "
+            "structure is sound; pass --structure-only to accept a check of the structure alone)"
+        )
+        return 3
+    if first is None and rep.structure_only:
+        print(
+            "OK (structure only): no signature was checked; frames, hashes, the tree, seals and "
+            "checkpoints agree"
+        )
+        return 0
     if first is None:
-        print("OK: every record, signature and checkpoint verifies")
+        print("OK: every record, seal and checkpoint verifies")
         return 0
     print(f"FAILED: {first}")
-    for p in rep.problems[1:20]:
+    others = [p for p in rep.problems if p is not first]
+    for p in others[:20]:
         print(f"  also: {p}")
-    if len(rep.problems) > 20:
-        print(f"  ... and {len(rep.problems) - 20} more")
+    if len(others) > 20:
+        print(f"  ... and {len(others) - 20} more")
     return 1
 
 
@@ -251,7 +345,9 @@ def run_prove(args: argparse.Namespace) -> int:
 
 
 def run_verify_proof(args: argparse.Namespace) -> int:
-    key = load_public_key(args.pubkey)
+    key: Ed25519PublicKey | AuditKeyring = (
+        load_public_key(args.pubkey) if args.pubkey is not None else AuditKeyring.load(args.keyring)
+    )
     try:
         bundle = read_bundle(args.bundle.read_bytes())
     except OSError as e:

@@ -126,17 +126,7 @@ def register(sub: Any) -> None:
         action="store_true",
         help="compare decisions with each request's `expect`; exit 1 listing every mismatch",
     )
-    p.add_argument(
-        "--audit",
-        type=Path,
-        metavar="DIR",
-        help="also append every signed decision to the audit log in DIR (created if needed)",
-    )
-    p.add_argument(
-        "--audit-origin",
-        metavar="NAME",
-        help="the audit log's checkpoint origin line (default: semgov/<signing key id>)",
-    )
+    _audit_flags(p)
     add_limit_flags(p)
     p.set_defaults(func=run)
 
@@ -203,6 +193,27 @@ def _engine(policy: PolicySource, args: argparse.Namespace) -> PolicyEngine:
     return engine
 
 
+def _audit_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--audit",
+        type=Path,
+        metavar="DIR",
+        help="also append every signed decision to the audit log in DIR (created if needed)",
+    )
+    p.add_argument(
+        "--audit-origin",
+        metavar="NAME",
+        help="the audit log's checkpoint origin line (default: semgov/<signing key id>)",
+    )
+    p.add_argument(
+        "--audit-keyring",
+        type=Path,
+        metavar="FILE",
+        help="audit keyring of other keys whose seals and checkpoints the log may end in (after a key "
+        "rotation: the previous signing key; docs/operations.md)",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     logger = log.get_logger()
     limits = limits_from_args(args)
@@ -221,10 +232,12 @@ def run(args: argparse.Namespace) -> int:
     stdout = sys.stdout.buffer
     audit = None
     if args.audit is not None:
+        from semgov.audit.keyring import AuditKeyring
         from semgov.audit.store import AuditLog
 
         origin = args.audit_origin or f"semgov/{signer.key_id}"
-        audit = AuditLog.open(args.audit, signing_key=signer, origin=origin)
+        audit_keyring = AuditKeyring.load(args.audit_keyring) if args.audit_keyring is not None else None
+        audit = AuditLog.open(args.audit, signing_key=signer, origin=origin, keyring=audit_keyring)
 
     def emit(d: SignedDecision) -> None:
         tally.add(d)

@@ -13,7 +13,8 @@ from semgov.errors import SemgovError
 
 EPILOG = """\
 exit status: 0 success; 1 decisions differ from expectations or a signature failed;
-2 bad input (malformed lines, unreadable files, invalid policy or usage).
+2 bad input (malformed lines, unreadable files, invalid policy or usage);
+3 `audit verify` without a key (UNVERIFIED: pass --pubkey, --keyring or --structure-only).
 Docs: README.md, docs/policy.md, docs/rego.md, docs/formats.md."""
 
 

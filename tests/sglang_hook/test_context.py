@@ -502,7 +502,7 @@ def test_governor_context_of_never_raises(monkeypatch: pytest.MonkeyPatch) -> No
 
     log = _Log()
     monkeypatch.setattr(governor, "get_logger", lambda: log)
-    gov = SimpleNamespace(context_key=KEY)
+    gov = SimpleNamespace(context_key=KEY, previous_context_keys=())
     ctx = governor.Governor.context_of(gov, _token() + LORA, LORA)  # type: ignore[arg-type]
     assert ctx is not None and ctx.lora_id == LORA
     assert governor.Governor.context_of(gov, _token() + "X") is None  # type: ignore[arg-type]

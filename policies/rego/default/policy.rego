@@ -190,39 +190,51 @@ deny contains {"gate": "provenance", "detail": "key status is not trusted"} if {
 
 deny contains {"gate": "provenance", "detail": "signature does not verify"} if {
 	is_object(provenance)
-	provenance.signature_valid != true
+	not provenance.signature_valid == true
 }
 
 deny contains {"gate": "provenance", "detail": "payload invalid"} if {
 	is_object(provenance)
-	provenance.payload_valid != true
+	not provenance.payload_valid == true
 }
 
 deny contains {"gate": "provenance", "detail": "payload donor_id differs from the candidate's"} if {
 	is_object(provenance)
-	provenance.donor_id_matches != true
+	not provenance.donor_id_matches == true
 }
 
 deny contains {"gate": "provenance", "detail": "payload token hash differs from the donor's tokens"} if {
 	is_object(provenance)
-	provenance.token_hash_matches != true
+	not provenance.token_hash_matches == true
+}
+
+# NOTE: the segments and text are bound by hash: an unsigned relabelling or text never passes
+# (written `not ... == true` so that a missing fact denies too).
+deny contains {"gate": "provenance", "detail": "payload segments hash differs from the donor's segments"} if {
+	is_object(provenance)
+	not provenance.segments_hash_matches == true
+}
+
+deny contains {"gate": "provenance", "detail": "the donor's text is not the text signed (payload text_sha256)"} if {
+	is_object(provenance)
+	not provenance.text_hash_matches == true
 }
 
 # --- expiry -----------------------------------------------------------------
 
 # Passes when created_at <= now < expires_at and now - created_at < max age.
 expiry_ok if {
-	is_number(input.now_us)
-	is_number(donor.created_at_us)
-	is_number(donor.expires_at_us)
-	input.now_us >= donor.created_at_us
-	input.now_us < donor.expires_at_us
+	is_number(input.now_ns)
+	is_number(donor.created_at_ns)
+	is_number(donor.expires_at_ns)
+	input.now_ns >= donor.created_at_ns
+	input.now_ns < donor.expires_at_ns
 	not too_old
 }
 
 too_old if {
 	max_age_seconds != null
-	input.now_us - donor.created_at_us >= max_age_seconds * 1000000
+	input.now_ns - donor.created_at_ns >= max_age_seconds * 1000000000
 }
 
 deny contains {"gate": "expiry", "detail": detail} if {
@@ -232,9 +244,9 @@ deny contains {"gate": "expiry", "detail": detail} if {
 }
 
 expiry_detail := sprintf("donor created in the future (%s > now %s)", [donor.created_at, input.now]) if {
-	input.now_us < donor.created_at_us
+	input.now_ns < donor.created_at_ns
 } else := sprintf("donor expired at %s (now %s)", [donor.expires_at, input.now]) if {
-	input.now_us >= donor.expires_at_us
+	input.now_ns >= donor.expires_at_ns
 } else := sprintf("donor older than policy max age of %vs", [max_age_seconds]) if {
 	too_old
 } else := "donor validity times unavailable"
@@ -281,16 +293,25 @@ deny contains {"gate": "pii", "detail": "donor was never scanned for PII (proven
 
 # --- task -------------------------------------------------------------------
 
-my_task := concat("@", [input.request.task.id, input.request.task.version])
+# NOTE: tasks compare as [id, version] pairs, never joined into one string: {id: "qa",
+# version: "1@2"} and {id: "qa@1", version: "2"} are different tasks. Group entries are
+# "id@version" with exactly one "@" (checked at load), split into the same pairs.
+my_task := [input.request.task.id, input.request.task.version]
 
-donor_task := concat("@", [donor.task.id, donor.task.version])
+donor_task := [donor.task.id, donor.task.version]
+
+task_pair(ref) := [parts[0], parts[1]] if {
+	parts := split(ref, "@")
+	count(parts) == 2
+}
 
 task_ok if my_task == donor_task
 
 task_ok if {
 	some group in compatible_task_groups
-	my_task in group
-	donor_task in group
+	pairs := {task_pair(ref) | some ref in group}
+	my_task in pairs
+	donor_task in pairs
 }
 
 deny contains {"gate": "task", "detail": detail} if {

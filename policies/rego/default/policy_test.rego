@@ -11,7 +11,7 @@ import rego.v1
 base_input := {
 	"schema": "semgov.policy_input/v1",
 	"now": "2026-11-29T10:00:00Z",
-	"now_us": 1795946400000000,
+	"now_ns": 1795946400000000000,
 	"request": {
 		"request_id": "r-17",
 		"tenant": "acme",
@@ -35,6 +35,8 @@ base_input := {
 			"payload_error": null,
 			"donor_id_matches": true,
 			"token_hash_matches": true,
+			"segments_hash_matches": true,
+			"text_hash_matches": true,
 		},
 		"donor": {
 			"tenant": "acme",
@@ -43,8 +45,8 @@ base_input := {
 			"response_contract": {"id": "financials", "schema_sha256": "abababababababababababababababababababababababababababababababab"},
 			"created_at": "2026-11-28T10:00:00Z",
 			"expires_at": "2026-12-05T10:00:00Z",
-			"created_at_us": 1795860000000000,
-			"expires_at_us": 1796464800000000,
+			"created_at_ns": 1795860000000000000,
+			"expires_at_ns": 1796464800000000000,
 			"policy_version": "default@1",
 			"visibility": "tenant",
 		},
@@ -215,6 +217,26 @@ test_provenance_token_hash_mismatch_fails if {
 	gates_of(ds) == {"provenance"}
 }
 
+test_provenance_segments_hash_mismatch_fails if {
+	ds := reuse.deny with input as with_provenance({"segments_hash_matches": false})
+	gates_of(ds) == {"provenance"}
+}
+
+test_provenance_text_hash_mismatch_fails if {
+	ds := reuse.deny with input as with_provenance({"text_hash_matches": false})
+	gates_of(ds) == {"provenance"}
+}
+
+test_provenance_missing_binding_fact_fails if {
+	ds := reuse.deny with input as json.remove(base_input, ["facts/provenance/segments_hash_matches"])
+	gates_of(ds) == {"provenance"}
+}
+
+test_provenance_missing_signature_fact_fails if {
+	ds := reuse.deny with input as json.remove(base_input, ["facts/provenance/signature_valid"])
+	gates_of(ds) == {"provenance"}
+}
+
 # --- null donor: invalid payload --------------------------------------------
 
 null_donor_input := patched({"facts": {
@@ -224,6 +246,8 @@ null_donor_input := patched({"facts": {
 		"payload_error": "tenant: Input should be a valid string",
 		"donor_id_matches": false,
 		"token_hash_matches": false,
+		"segments_hash_matches": false,
+		"text_hash_matches": false,
 	},
 }})
 
@@ -242,35 +266,35 @@ test_null_donor_alone_fails_donor_gates if {
 # --- expiry -----------------------------------------------------------------
 
 test_expiry_now_equals_created_passes if {
-	ds := reuse.deny with input as patched({"now_us": 1795860000000000})
+	ds := reuse.deny with input as patched({"now_ns": 1795860000000000000})
 	count(ds) == 0
 }
 
 test_expiry_created_in_future_fails if {
-	ds := reuse.deny with input as patched({"now_us": 1795859999999999})
+	ds := reuse.deny with input as patched({"now_ns": 1795859999999999000})
 	gates_of(ds) == {"expiry"}
 }
 
 test_expiry_now_equals_expires_fails if {
-	ds := reuse.deny with input as patched({"now_us": 1796464800000000})
+	ds := reuse.deny with input as patched({"now_ns": 1796464800000000000})
 	gates_of(ds) == {"expiry"}
 }
 
 test_expiry_just_before_expires_passes if {
-	ds := reuse.deny with input as patched({"now_us": 1796464799999999})
+	ds := reuse.deny with input as patched({"now_ns": 1796464799999999000})
 	count(ds) == 0
 }
 
 # Max age 30d = 2592000 s: created 1795860000, so now 1798452000 is exactly 30d.
-long_lived(now) := patched({"now_us": now, "facts": {"donor": {"expires_at_us": 1800000000000000}}})
+long_lived(now) := patched({"now_ns": now, "facts": {"donor": {"expires_at_ns": 1800000000000000000}}})
 
 test_expiry_age_equals_max_age_fails if {
-	ds := reuse.deny with input as long_lived(1798452000000000)
+	ds := reuse.deny with input as long_lived(1798452000000000000)
 	gates_of(ds) == {"expiry"}
 }
 
 test_expiry_age_below_max_age_passes if {
-	ds := reuse.deny with input as long_lived(1798451999999999)
+	ds := reuse.deny with input as long_lived(1798451999999999999)
 	count(ds) == 0
 }
 

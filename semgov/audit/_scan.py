@@ -1,0 +1,309 @@
+"""The per-frame half of ``verify_log``: pure checks run in worker processes over ranges of records.log.
+
+A range is re-read from disk and every frame in it checked: record frames (index, SHA-256, the
+record's canonical form and signature, its decision or event id) and seal frames (SHA-256,
+position, the note and its signatures). What needs the whole log (roots, trust, validity,
+anchoring, duplicates) is the parent's job (:mod:`semgov.audit.verify`).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import struct
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from semgov.audit.keyring import key_name_for
+from semgov.audit.merkle import leaf_hash
+from semgov.audit.note import NoteError, open_note, unverified_checkpoint
+from semgov.audit.store import FRAME_HEADER, MAX_RECORD_BYTES, SEAL_FLAG
+from semgov.canonical import canonicalize_record
+from semgov.models import DECISION_SCHEMA, ENGINE_EVENT_SCHEMA
+
+_INDEX = struct.Struct(">Q")
+_SIGNED = {DECISION_SCHEMA: "decision", ENGINE_EVENT_SCHEMA: "engine event"}  # schema -> what it is
+_ID_FIELD = {DECISION_SCHEMA: "decision_id", ENGINE_EVENT_SCHEMA: "event_id"}  # the id that must be unique
+
+#: (key id, raw Ed25519 public key) of every keyring key, as shipped to a worker; None: structure only.
+WireKeys = tuple[tuple[str, bytes], ...] | None
+
+
+def brief(v: Any) -> str:
+    """A short, always printable description of a JSON value from a hostile record."""
+    if isinstance(v, str):
+        return repr(v) if len(v) <= 80 else repr(v[:80]) + "..."
+    if isinstance(v, dict | list):
+        return f"a JSON {'object' if isinstance(v, dict) else 'array'}"
+    text = repr(v)  # None, a bool or a number (json.loads caps an integer at 4300 digits)
+    return text if len(text) <= 40 else "a long number"
+
+
+def id_hash(schema: str, value: str) -> bytes:
+    """8 bytes standing for a record's unique id (its schema's id field), to find repeats cheaply."""
+    data = _ID_FIELD[schema].encode() + b"\0" + value.encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(data, digest_size=8).digest()
+
+
+def record_id(rec: Any) -> tuple[str, str] | None:
+    """``(id field, id)`` of a decision record or engine event, or None."""
+    schema = rec.get("schema") if isinstance(rec, dict) else None
+    name = _ID_FIELD.get(schema) if isinstance(schema, str) else None
+    value = rec.get(name) if name is not None and isinstance(rec, dict) else None
+    return (name, value) if name is not None and isinstance(value, str) else None
+
+
+def inspect_record(
+    leaf: bytes, keys: dict[str, Ed25519PublicKey] | None, expected: str | None
+) -> tuple[str | None, str | None, bytes | None]:
+    """``(why leaf is not a canonical record signed by a key in keys, the key id that verified, id hash)``.
+
+    ``keys`` None: structure only (no signature is checked, the key id is None). ``expected``:
+    the one key id when verifying with a single key (for the message). Never raises for any
+    ``leaf`` (this runs on every record of a log, hostile ones included).
+    """
+    # NOTE: the hot path of `semgov audit verify` (one call per record): no per-character
+    # scan here. json.loads and the canonicalizer fail cleanly on what they cannot take
+    # (RecursionError on deep nesting, ValueError on bad JSON, a lone surrogate, NaN or
+    # 1e400); everything else that is not RFC 8785 (a duplicate key, which json.loads
+    # drops, other number spellings, spacing or key order) fails the exact-bytes comparison.
+    try:
+        rec = json.loads(leaf)
+    except RecursionError:
+        return "not canonical JSON: nested too deeply", None, None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, integer over the digit limit
+        return f"not canonical JSON: {e}", None, None
+    schema = rec.get("schema") if isinstance(rec, dict) else None
+    what = _SIGNED.get(schema) if isinstance(schema, str) else None
+    if what is None or not isinstance(schema, str):
+        return f"not a {DECISION_SCHEMA} or {ENGINE_EVENT_SCHEMA} record", None, None
+    rid = record_id(rec)
+    idh = id_hash(schema, rid[1]) if rid is not None else None
+    sig = rec.get("signature")
+    if not isinstance(sig, str):
+        return "record has no signature", None, idh
+    kid = rec.get("key_id")
+    key = keys.get(kid) if keys is not None and isinstance(kid, str) else None
+    if keys is not None and key is None:
+        if expected is not None:
+            return f"signed by key {brief(kid)}, expected {expected!r}", None, idh
+        return f"signed by key {brief(kid)}, which is not in the keyring", None, idh
+    why = _signature_problem(rec, leaf, sig, key, what)
+    return why, (kid if why is None and key is not None and isinstance(kid, str) else None), idh
+
+
+def _signature_problem(
+    rec: dict[str, Any], leaf: bytes, sig: str, key: Ed25519PublicKey | None, what: str
+) -> str | None:
+    try:
+        canonical = canonicalize_record(rec)
+    except RecursionError:
+        return "not canonical JSON: nested too deeply"
+    except (ValueError, OverflowError) as e:  # rfc8785: lone surrogate, NaN/Infinity, huge integer
+        return f"not canonical JSON: {type(e).__name__}: {e}"
+    if canonical != leaf:
+        return "record bytes are not RFC 8785 canonical JSON"
+    # NOTE: the leaf is canonical, so the signed message (the record without "signature",
+    # canonical) is the leaf with exactly that top-level member cut out; the signature is
+    # base64 (no escapes), and a member's text cannot occur inside a JSON string.
+    member = b',"signature":"' + sig.encode("ascii", "replace") + b'"'
+    if leaf.count(member) != 1:
+        return "record has no unique signature member"
+    if key is None:
+        return None  # structure only
+    message = leaf.replace(member, b"", 1)
+    try:
+        raw = base64.b64decode(sig, validate=True)
+        key.verify(raw, message)
+    except Exception:  # noqa: BLE001 - any failure is a bad signature
+        return f"{what} signature does not verify"
+    return None
+
+
+def scan_ranges(path: Path, per: int) -> tuple[list[tuple[int, int, int]], tuple[int, str] | None]:
+    """Split the log into ranges of ``per`` records by reading frame headers only.
+
+    Returns ``[(first record index, start offset, end offset)]`` and ``(index, why)`` for the
+    problem that stopped the scan (an incomplete or impossible frame), if any.
+    """
+    size = path.stat().st_size
+    hsize = FRAME_HEADER.size
+    ranges: list[tuple[int, int, int]] = []
+    problem = None
+    with open(path, "rb") as f:
+        off = index = 0
+        start, first = 0, 0
+        while off < size:
+            head = f.read(hsize)
+            if len(head) < hsize:
+                problem = (index, f"incomplete frame header at byte {off} (torn tail?)")
+                break
+            frame_index, length, _ = FRAME_HEADER.unpack(head)
+            end = off + hsize + length
+            if length > MAX_RECORD_BYTES or end > size:
+                problem = (index, f"frame at byte {off} claims {length} bytes; the file ends first")
+                break
+            f.seek(end)
+            off = end
+            if frame_index & SEAL_FLAG:
+                continue
+            index += 1
+            if index - first == per:
+                ranges.append((first, start, off))
+                start, first = off, index
+        if off > start:  # the last, partial range (up to the problem, if one stopped the scan)
+            ranges.append((first, start, off))
+    return ranges, problem
+
+
+@dataclass(frozen=True)
+class SealSeen:
+    """A seal frame that stands where its size says: the tree it claims and who signed it."""
+
+    size: int
+    offset: int
+    origin: str
+    root: bytes
+    signers: tuple[str, ...]  # key ids whose signature verified (none in a structure-only check)
+    unknown: tuple[str, ...]  # key names of signature lines by keys not in the keyring
+
+
+@dataclass
+class Found:
+    """What one range holds: leaf hashes, problems, who signed which records, ids, seals."""
+
+    leaves: bytes = b""
+    problems: list[tuple[int | None, str]] = field(default_factory=list)
+    spans: list[tuple[int, int, str]] = field(default_factory=list)  # [start, end) records verified by key id
+    id_at: bytes = b""  # record indexes (uint64) holding a decision or event id
+    id_hash: bytes = b""  # 8 bytes per id, in the same order
+    seals: list[SealSeen] = field(default_factory=list)
+
+
+class _Keys:
+    def __init__(self, wire: WireKeys) -> None:
+        self.by_id: dict[str, Ed25519PublicKey] | None = None
+        self.by_name: dict[str, tuple[str, Ed25519PublicKey]] = {}
+        if wire is not None:
+            self.by_id = {kid: Ed25519PublicKey.from_public_bytes(raw) for kid, raw in wire}
+            self.by_name = {key_name_for(kid): (kid, k) for kid, k in self.by_id.items()}
+
+
+def seal_problem(
+    count: int, off: int, field_: int, payload: bytes, digest: bytes, keys: _Keys
+) -> tuple[SealSeen | None, str | None]:
+    """Check one seal frame (``count`` records before it): the seal, or why it is bad."""
+    claimed = field_ ^ SEAL_FLAG
+    sha256, pack = hashlib.sha256, _INDEX.pack
+    if sha256(pack(field_) + payload).digest() != digest:
+        if sha256(pack(claimed) + payload).digest() == digest:
+            return None, f"frame at byte offset {off}: its index field says {field_} (frame header altered)"
+        return None, f"seal frame at byte offset {off}: its SHA-256 does not match"
+    if claimed != count:
+        return None, (
+            f"seal at byte offset {off} is for {claimed} records, but {count} records precede it "
+            "(a seal or records were moved, deleted or inserted)"
+        )
+    try:
+        cp, names = unverified_checkpoint(payload)
+    except NoteError as e:
+        return None, f"seal at byte offset {off} is not a signed checkpoint note: {e}"
+    if cp.size != claimed:
+        return None, f"seal at byte offset {off} says size {cp.size} in its note, {claimed} in its frame"
+    signers: list[str] = []
+    unknown: list[str] = []
+    if keys.by_id is not None:
+        for name in dict.fromkeys(names):
+            entry = keys.by_name.get(name)
+            if entry is None:
+                unknown.append(name)
+                continue
+            try:
+                open_note(payload, name, entry[1])
+            except NoteError as e:
+                return None, f"seal for size {claimed} at byte offset {off}: {e}"
+            signers.append(entry[0])
+    return SealSeen(claimed, off, cp.origin, cp.root, tuple(signers), tuple(unknown)), None
+
+
+def verify_range(args: tuple[str, int, int, int, WireKeys, str | None]) -> Found:
+    """Worker: the frames of one range: index and hash checks, leaf hashes, signatures, ids, seals."""
+    path, first, start, end, wire, expected = args
+    keys = _Keys(wire)
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(end - start)
+    hsize = FRAME_HEADER.size
+    sha256, unpack, pack_index = hashlib.sha256, FRAME_HEADER.unpack_from, _INDEX.pack
+    out = Found()
+    leaves: list[bytes] = []
+    id_at, id_hashes = array("Q"), bytearray()
+    off, index = 0, first
+    while off < len(data):
+        frame_index, length, digest = unpack(data, off)
+        payload = data[off + hsize : off + hsize + length]
+        if frame_index & SEAL_FLAG:
+            seal, why = seal_problem(index, start + off, frame_index, payload, digest, keys)
+            if seal is not None:
+                out.seals.append(seal)
+            else:
+                out.problems.append((None, str(why)))
+            off += hsize + length
+            continue
+        if sha256(pack_index(index) + payload).digest() != digest:
+            if frame_index != index and sha256(pack_index(frame_index) + payload).digest() == digest:
+                out.problems.append((index, f"frame holds record {frame_index} where record {index} belongs "
+                                            "(a record was deleted, inserted or moved)"))  # fmt: skip
+            else:
+                out.problems.append((index, "record bytes do not match the frame's SHA-256"))
+        elif frame_index != index:
+            out.problems.append((index, f"frame at byte offset {start + off}: its index field says "
+                                        f"{frame_index}, not {index} (frame header altered)"))  # fmt: skip
+        else:
+            why, kid, idh = inspect_record(payload, keys.by_id, expected)
+            if why is not None:
+                out.problems.append((index, why))
+            if kid is not None:
+                _extend(out.spans, index, kid)
+            if idh is not None:
+                id_at.append(index)
+                id_hashes += idh
+        leaves.append(leaf_hash(payload))
+        off += hsize + length
+        index += 1
+    out.leaves, out.id_at, out.id_hash = b"".join(leaves), id_at.tobytes(), bytes(id_hashes)
+    return out
+
+
+def _extend(spans: list[tuple[int, int, str]], index: int, kid: str) -> None:
+    if spans and spans[-1][1] == index and spans[-1][2] == kid:
+        spans[-1] = (spans[-1][0], index + 1, kid)
+    else:
+        spans.append((index, index + 1, kid))
+
+
+def leaves_at(path: Path, ranges: list[tuple[int, int, int]], wanted: set[int]) -> dict[int, bytes]:
+    """The record bytes at the ``wanted`` indexes (reading only the ranges that hold them)."""
+    out: dict[int, bytes] = {}
+    hsize = FRAME_HEADER.size
+    with open(path, "rb") as f:
+        for i, (first, start, end) in enumerate(ranges):
+            stop = ranges[i + 1][0] if i + 1 < len(ranges) else None
+            if not any(first <= w and (stop is None or w < stop) for w in wanted):
+                continue
+            f.seek(start)
+            data = f.read(end - start)
+            off, index = 0, first
+            while off < len(data):
+                frame_index, length, _ = FRAME_HEADER.unpack_from(data, off)
+                if not frame_index & SEAL_FLAG:
+                    if index in wanted:
+                        out[index] = data[off + hsize : off + hsize + length]
+                    index += 1
+                off += hsize + length
+    return out
