@@ -1341,7 +1341,10 @@ class PolicyInputTarget(Target):
     def _judge(data: bytes, text: str) -> tuple[Any, list[str]]:
         """The oracle's reading: strict JSON if it is JSON, else YAML (duplicate keys flagged); the schema."""
         rd = read_json(data)
-        if rd.ok:
+        # NOTE: a case file is YAML: a bare NaN / Infinity / -Infinity there is the *string* of
+        # that name (YAML spells non-finite floats .nan / .inf), so the YAML reading judges it.
+        literal = any("literal" in str(p) for p in rd.problems)
+        if rd.ok and not literal:
             value, problems = rd.value, list(rd.problems)
         else:
             try:

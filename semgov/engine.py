@@ -85,6 +85,10 @@ GATE_FACT: dict[GateName, str | None] = {
 
 
 def fact_error(gate: GateName, doc: PolicyInput) -> str | None:
-    """The error of the fact ``gate`` depends on, if computing it failed."""
+    """The error of the fact ``gate`` depends on, if computing it failed (never an empty detail)."""
     fact = GATE_FACT[gate]
-    return doc.facts.errors.get(fact) if fact is not None else None
+    err = doc.facts.errors.get(fact) if fact is not None else None
+    if err is None:
+        return None
+    # NOTE: a deny always names its reason, even for a document whose error message is blank.
+    return err if err.strip() else f"fact {fact} unavailable (no reason given)"

@@ -266,3 +266,14 @@ def test_time_boundaries_in_nanoseconds_in_every_engine(delta: int) -> None:
             deep_merge(_base(), {"facts": {"donor": {"created_at_ns": created, "expires_at_ns": expires}}})
         )
         assert assert_agree(doc) == want, (created - NOW, expires - NOW)
+
+
+def test_a_blank_fact_error_still_names_a_reason_in_every_engine() -> None:
+    """facts.errors {pii: ""}: the pii gate errors with a non-empty detail in YAML, regorus and OPA."""
+    doc = TypeAdapter(PolicyInput).validate_python(
+        deep_merge(_base(), {"facts": {"pii": None, "errors": {"pii": ""}}})
+    )
+    assert assert_agree(doc) == "deny"
+    for ev in evaluators():
+        [g] = [g for g in ev.decide(doc).gates if g.gate == "pii"]
+        assert g.result == "error" and g.detail.strip(), g
