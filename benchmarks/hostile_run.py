@@ -277,6 +277,12 @@ def dict_file(tokens: list[bytes], path: Path) -> Path:
     return path
 
 
+def _artifact_dir(d: Path) -> Path:
+    """libFuzzer refuses to start when its artifact directory does not exist: create it."""
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
 def atheris_worker(target: Target, runner: Runner, runs: int, seed: int, work: Path, stats: Path) -> None:
     """libFuzzer over the target's seeds; writes the tally every 25 inputs and at the last one."""
     import atheris
@@ -297,7 +303,7 @@ def atheris_worker(target: Target, runner: Runner, runs: int, seed: int, work: P
         "-rss_limit_mb=6144",
         "-print_final_stats=1",
         f"-dict={dict_file(target.dictionary(), work / 'fuzz.dict')}",
-        f"-artifact_prefix={(runner.save or work)}/{target.name}-",
+        f"-artifact_prefix={_artifact_dir(runner.save or work)}/{target.name}-",
         str(corpus),
     ]
 

@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -229,3 +230,66 @@ def test_state_json_of_an_empty_log_cannot_hide_appended_frames(tmp_path: Path, 
     with AuditLog.open(tmp_path, signing_key=KEY, origin=ORIGIN) as w:
         assert w.size == 0 and w.recovery.quarantined_records == 2
     assert (tmp_path / LOG_FILE).read_bytes() == b""
+
+
+def _state_size(d: Path) -> int | None:
+    try:
+        return int(json.loads((d / STATE_FILE).read_bytes())["size"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _crashed_with_sealed_tail(tmp_path: Path) -> tuple[Path, int]:
+    """A copy of a live log (3 checkpointed records, 2 more sealed, acknowledged) and its checkpoint size."""
+    live, copy = tmp_path / "live", tmp_path / "copy"
+    log = AuditLog.open(live, signing_key=KEY, origin=ORIGIN, commit_interval=0.0, checkpoint_every=3,
+                        checkpoint_interval=3600.0)  # fmt: skip
+    for i in range(3):
+        log.append(b"record %d" % i)
+    log.flush()
+    for i in range(3, 5):
+        log.append(b"record %d" % i)
+    assert log.flush() == 5
+    deadline = time.monotonic() + 10  # state.json is rewritten just after the batch is durable
+    while _state_size(live) != 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    shutil.copytree(live, copy, ignore=shutil.ignore_patterns("LOCK", ".*.tmp"))
+    log.close()
+    return copy, _checkpoint_size(copy)
+
+
+@pytest.mark.parametrize("state", ["kept", "deleted"])
+def test_writer_refuses_an_acknowledged_record_altered_past_the_checkpoint(
+    tmp_path: Path, state: str
+) -> None:
+    """A sealed record past the checkpoint, edited and re-hashed: refused as corruption, not quarantined."""
+    d, cp_size = _crashed_with_sealed_tail(tmp_path)
+    assert cp_size == 3
+    data = (d / LOG_FILE).read_bytes()
+    genuine = reframe(4, b"record 4")
+    assert data.count(genuine) == 1
+    (d / LOG_FILE).write_bytes(data.replace(genuine, reframe(4, b"record 4, rewritten")))
+    if state == "deleted":
+        (d / STATE_FILE).unlink()
+    files = {p: p.read_bytes() for p in d.rglob("*") if p.is_file() and p.name != "LOCK"}
+    with pytest.raises(CorruptLogError) as exc:
+        AuditLog.open(d, signing_key=KEY, origin=ORIGIN)
+    assert exc.value.reason == "seal_mismatch" and exc.value.index == 5
+    assert "the 5 records before it do not hash to its root" in str(exc.value)
+    assert {p: p.read_bytes() for p in d.rglob("*") if p.is_file() and p.name != "LOCK"} == files
+
+
+def test_writer_refuses_a_log_shorter_than_state_json_acknowledged(tmp_path: Path) -> None:
+    """The last acknowledged batch cut off at a frame boundary: refused; deleting state.json is the way on."""
+    d, _ = _crashed_with_sealed_tail(tmp_path)
+    data = (d / LOG_FILE).read_bytes()
+    cut = data.index(reframe(3, b"record 3"))
+    (d / LOG_FILE).write_bytes(data[:cut])
+    with pytest.raises(CorruptLogError) as exc:
+        AuditLog.open(d, signing_key=KEY, origin=ORIGIN)
+    assert exc.value.reason == "log_shorter_than_acknowledged" and exc.value.index == 5
+    assert f"records.log has {cut} bytes but state.json records {len(data)} bytes" in str(exc.value)
+    assert (d / LOG_FILE).read_bytes() == data[:cut]
+    (d / STATE_FILE).unlink()
+    with AuditLog.open(d, signing_key=KEY, origin=ORIGIN) as w:
+        assert w.size == 3 and w.recovery.clean is False

@@ -227,9 +227,9 @@ def test_corrupt_frame_found_by_verify_with_fresh_state(tmp_path: Path) -> None:
     assert exc.value.index == 3
 
 
-@pytest.mark.parametrize("damage", ["missing", "stale", "garbage", "ahead"])
+@pytest.mark.parametrize("damage", ["missing", "stale", "garbage"])
 def test_state_json_stale_or_missing_is_rebuilt(tmp_path: Path, damage: str) -> None:
-    """A missing, stale, unreadable or wrong state.json is rebuilt from the log."""
+    """A missing, stale or unreadable state.json is rebuilt from the log."""
     write_records(tmp_path, 3)
     old_state = (tmp_path / "state.json").read_bytes()
     write_records(tmp_path, 4, start=3)
@@ -238,18 +238,28 @@ def test_state_json_stale_or_missing_is_rebuilt(tmp_path: Path, damage: str) -> 
         state.unlink()
     elif damage == "stale":
         state.write_bytes(old_state)
-    elif damage == "garbage":
-        state.write_text('{"size": 7, "log_bytes": "x"}')
     else:
-        doc = json.loads(state.read_text())
-        doc["log_bytes"] += 1000
-        state.write_text(json.dumps(doc))
+        state.write_text('{"size": 7, "log_bytes": "x"}')
     with open_log(tmp_path) as log:
         assert log.recovery.rebuilt and log.recovery.rebuild_reason
         assert log.size == 7 and log.root() == (7, merkle.root(leaves(tmp_path)))
         log.append(rec(7))
     doc = json.loads(state.read_text())
     assert doc["size"] == 8 and doc["log_bytes"] == (tmp_path / "records.log").stat().st_size
+
+
+def test_state_json_ahead_of_the_log_is_refused(tmp_path: Path) -> None:
+    """A state.json acknowledging more bytes than records.log holds is refused, naming both sizes."""
+    write_records(tmp_path, 3)
+    state = tmp_path / "state.json"
+    doc = json.loads(state.read_text())
+    doc["log_bytes"] += 1000
+    state.write_text(json.dumps(doc))
+    with pytest.raises(CorruptLogError, match=f"state.json records {doc['log_bytes']} bytes"):
+        open_log(tmp_path)
+    state.unlink()
+    with open_log(tmp_path) as log:
+        assert log.size == 3 and log.recovery.rebuilt
 
 
 def test_second_writer_refused_readers_fine(tmp_path: Path) -> None:

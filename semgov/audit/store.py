@@ -36,11 +36,14 @@ own, or one in the ``keyring`` it was given, e.g. the key before a rotation) who
 the frames before it. Everything after it is moved to ``quarantine/`` and cut off, and reported
 (:attr:`AuditLog.recovery`), so no checkpoint is ever signed over frames the writer cannot prove
 were written by a trusted writer. Refused instead, and left untouched: a bad frame that is not
-the tail of an interrupted write (corruption: the record index and byte offset are named);
-unsealed frames that ``state.json`` says were acknowledged durable (a replay with a forged
-``state.json``, a removed seal, a log written before seals, or a rotated key the writer was not
-given); a log holding fewer records than the last signed checkpoint, or whose prefix no longer
-hashes to that checkpoint's root; a latest checkpoint not signed by a trusted key.
+the tail of an interrupted write (corruption: the record index and byte offset are named); a
+seal signed by a trusted key over another tree than the records before it (acknowledged records
+altered in place, or a genuine seal copied in); a log shorter than ``state.json`` says was
+acknowledged (records cut off); unsealed frames that ``state.json`` says were acknowledged
+durable (a replay with a forged ``state.json``, a removed seal, a log written before seals, or a
+rotated key the writer was not given); a log holding fewer records than the last signed
+checkpoint, or whose prefix no longer hashes to that checkpoint's root; a latest checkpoint not
+signed by a trusted key.
 
 Reading: :func:`iter_records` and :func:`read_checkpoint` take no lock and write nothing.
 """
@@ -1133,8 +1136,13 @@ class _Anchor:
     untrusted: tuple[str, ...]  # key names of newer seals the writer does not trust
 
 
-def _anchor(walked: _Walked, cp: Checkpoint | None, trust: _Trust, origin: str) -> _Anchor:
-    """The newest seal by a trusted key whose tree matches, or else the checkpoint, or else nothing."""
+def _anchor(directory: Path, walked: _Walked, cp: Checkpoint | None, trust: _Trust, origin: str) -> _Anchor:
+    """The newest seal by a trusted key whose tree matches, or else the checkpoint, or else nothing.
+
+    NOTE: a seal a trusted key signed for another tree than the records before it is refused as
+    corruption, never skipped: the writer signs a seal only over the batch it just wrote, so the
+    records it covered were acknowledged, and have since been altered (or the seal was copied in).
+    """
     floor = walked.cp_point[0] if walked.cp_point is not None else 0
     untrusted: list[str] = []
     for seen in reversed(walked.seals):
@@ -1143,11 +1151,37 @@ def _anchor(walked: _Walked, cp: Checkpoint | None, trust: _Trust, origin: str) 
         ok, names = _seal_vouches(seen.note, seen.size, seen.frontier.root(), origin, trust)
         if ok:
             return _Anchor(seen.end, seen.frontier, seen.offset, tuple(dict.fromkeys(untrusted)))
+        conflict = _seal_conflict(seen, origin, trust)
+        if conflict:
+            raise CorruptLogError(
+                f"the seal at byte {seen.offset} (after record {seen.size - 1}) is signed by a trusted key "
+                f"but {conflict}: acknowledged records were altered, or the seal was copied in; refusing "
+                "to continue, nothing was changed",
+                source=str(directory / LOG_FILE),
+                index=seen.size,
+                offset=seen.offset,
+                reason="seal_mismatch",
+            )
         untrusted += names
     if walked.cp_point is not None:
         off, fr, seal = walked.cp_point
         return _Anchor(off, fr, seal, tuple(dict.fromkeys(untrusted)))
     return _Anchor(0, Frontier(), None, tuple(dict.fromkeys(untrusted)))
+
+
+def _seal_conflict(seen: _Seen, origin: str, trust: _Trust) -> str:
+    """Why a seal a trusted key did sign does not fit where it stands ('' if not signed by one)."""
+    try:
+        cp, names = _parse_note_unverified(seen.note, source="")
+    except AuditLogError:
+        return ""
+    if not trust.vouches(seen.note, names, cp.size)[0]:
+        return ""
+    if cp.origin != origin:
+        return f"for log {cp.origin!r}, not {origin!r}"
+    if cp.size != seen.size:
+        return f"for a tree of {cp.size} records, where {seen.size} precede it"
+    return f"the {seen.size} records before it do not hash to its root"
 
 
 def _records_words(first: int, stop: int) -> str:
@@ -1246,7 +1280,20 @@ def _recover(
             f"the first {cp.size} records do not hash to the signed checkpoint's root: refusing to continue",
             source=src,
         )
-    anchor = _anchor(walked, cp, trust, origin)
+    if state is not None and state.log_bytes > file_size:
+        # NOTE: state.json is rewritten only after its bytes were fsynced, and recovery cuts only
+        # bytes after what state.json acknowledged: a shorter log lost acknowledged records.
+        raise CorruptLogError(
+            f"records.log has {file_size} bytes but state.json records {state.log_bytes} bytes "
+            f"({state.size} records) as acknowledged durable: acknowledged records were cut off, or "
+            "state.json was altered; refusing to continue, nothing was changed. If state.json is wrong "
+            "(the log is intact), delete it and reopen",
+            source=src,
+            index=state.size,
+            offset=file_size,
+            reason="log_shorter_than_acknowledged",
+        )
+    anchor = _anchor(directory, walked, cp, trust, origin)
     if verify and state is not None and state.log_bytes == file_size and anchor.frontier != state.frontier:
         rebuild_reason = "state.json does not match the records (verify=True)"
     quarantine: Path | None = None
