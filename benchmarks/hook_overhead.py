@@ -1,18 +1,23 @@
 """What the SGLang hook adds to the scheduler thread, on CPU with real SGLang objects.
 
-Measures, per request, with the test harness's real pools, allocator and tree (tests/sglang_hook):
+Measures, per request, with the test harness's real pools, allocator and tree (tests/sglang_hook),
+each stage as the scheduler thread runs it (the decision itself runs on the decision thread):
 
 - ``exact``: ``match_prefix`` of a request without a context (SGLang's exact match plus the key
   derivation): the floor;
-- ``decide``: the first round of a recipient with one candidate: exact match, provider query,
-  semgov decision (facts, ten gates, signing; the audit append only queues; nothing is pinned);
-- ``repeat``: a later scheduling round of the same waiting request (decision cached: re-plan only);
+- ``hold``: the recipient's first prefill-round hook (``hold_back``): its state and key, an exact
+  match for the unmatched length, the provider query, the donors' liveness in the tree, and
+  queueing the decision (nothing is decided, signed or waited for on this thread);
+- ``poll``: each later round's hook while the decision is made (reads two flags);
+- ``match``: the ``match_prefix`` once decided (SGLang's match plus planning the reusable run);
 - ``realize``: admission (``init_load_back``): re-match and verify the donor, allocate, copy and
   re-rotate the evidence K/V (a tiny 2-layer, 2-head pool on CPU: the copy cost on a GPU pool is
-  not measured here), audit event, invariant guard.
+  not measured here), queue the audit event, invariant guard;
+- ``decided`` (off the scheduler thread, ms): from queueing the decision to its allow record
+  being durable, the time a request is held back.
 
 Usage: ``python benchmarks/hook_overhead.py [--n 200] [--evidence 400,3000]``. Prints p50/p99 µs.
-One thread; donors are registered synchronously (their PII scan is not on any recipient's path).
+Donors are registered synchronously (their PII scan is not on any recipient's path).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ def run(n: int, evidence: int) -> dict[str, list[float]]:
     files = hc.make_hook_files(tmp)
     rt = hc.publish_runtime()
     h = hc.Harness(rt, files, size=1 << 16)
-    out: dict[str, list[float]] = {"exact": [], "decide": [], "repeat": [], "realize": []}
+    out: dict[str, list[float]] = {k: [] for k in ("exact", "hold", "poll", "match", "realize", "decided")}
     try:
         for i in range(n):
             b = blocks(seed=1000 + i, e_len=evidence)
@@ -59,20 +64,27 @@ def run(n: int, evidence: int) -> dict[str, list[float]]:
             t0 = time.perf_counter()
             h.match(anon)
             t1 = time.perf_counter()
-            h.match(r)
+            held = h.tree.hold_back([r])
             t2 = time.perf_counter()
-            h.match(r)
+            polls: list[float] = []
+            while held:
+                time.sleep(0.0005)
+                tp = time.perf_counter()
+                held = h.tree.hold_back([r])
+                polls.append(time.perf_counter() - tp)
             t3 = time.perf_counter()
+            r.init_next_round_input(h.tree)
+            t4 = time.perf_counter()
             tmp_lock = h.tree.lock(r.last_node)
             from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
 
-            t4 = time.perf_counter()
+            t5 = time.perf_counter()
             loaded = h.tree.init_load_back(
                 InitLoadBackParams(
                     best_match_node=r.best_match_node, host_hit_length=r.host_hit_length, req=r
                 )
             )
-            t5 = time.perf_counter()
+            t6 = time.perf_counter()
             gc.enable()
             assert loaded[0] == r.host_hit_length > evidence - 8, (loaded, r.host_hit_length)
             r.host_loaded_length, r.last_node = loaded
@@ -85,9 +97,11 @@ def run(n: int, evidence: int) -> dict[str, list[float]]:
             h.abort_waiting(anon)
             if i >= 5:  # warm-up
                 out["exact"].append((t1 - t0) * 1e6)
-                out["decide"].append((t2 - t1) * 1e6)
-                out["repeat"].append((t3 - t2) * 1e6)
-                out["realize"].append((t5 - t4) * 1e6)
+                out["hold"].append((t2 - t1) * 1e6)
+                out["poll"] += [p * 1e6 for p in polls]
+                out["match"].append((t4 - t3) * 1e6)
+                out["realize"].append((t6 - t5) * 1e6)
+                out["decided"].append((t3 - t1) * 1e3)
     finally:
         h.close()
     return out
@@ -99,11 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--evidence", default="400,3000", help="evidence tokens, comma-separated")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    print(f"{'evidence':>8} {'stage':<8} {'p50 us':>9} {'p99 us':>9}  (n={args.n} per size, 1 thread)")
+    print(f"{'evidence':>8} {'stage':<8} {'p50':>9} {'p99':>9}       n  (us; 'decided' in ms, off-thread)")
     for ev in (int(x) for x in args.evidence.split(",")):
         res = run(args.n, ev)
         for stage, xs in res.items():
-            print(f"{ev:>8} {stage:<8} {_q(xs, 0.5):>9.0f} {_q(xs, 0.99):>9.0f}")
+            print(f"{ev:>8} {stage:<8} {_q(xs, 0.5):>9.0f} {_q(xs, 0.99):>9.0f} {len(xs):>7}")
     return 0
 
 

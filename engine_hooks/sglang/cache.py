@@ -2,18 +2,26 @@
 
 How a request flows through it (SGLang 0.5.23's scheduler calls, in order):
 
-1. ``match_prefix`` (every waiting request, every scheduling round). The first call gives the
-   request its server-side state (:class:`_State`, kept on SGLang's ``Req`` object itself) and
-   replaces ``req.extra_key`` with the key derived from the request's verified context
+0. :meth:`GovernedRadixCache.hold_back` (before every prefill round, from the plugin's AROUND
+   hook on ``Scheduler.get_new_batch_prefill``): a request seen for the first time gets its
+   server-side state (:class:`_State`, kept on SGLang's ``Req`` object itself), and ``req.extra_key``
+   is replaced with the key derived from the request's verified context
    (:mod:`engine_hooks.sglang.context`: tenant, namespace, LoRA adapter and cache salt), so
-   tenants and namespaces never share exact-prefix nodes. The exact match runs as usual. When
-   at least ``min_unmatched_tokens`` stay unmatched and the request has a verified context, the
-   candidate provider is asked for donors of the same scope and semgov decides each live
-   candidate, once per request (retraction included). The reusable run of the best allowed
-   donor (approved spans contiguous from the exact-match end, inside the donor's live KV,
-   page-aligned) is reported as a *host hit*. Nothing is allocated or pinned here.
+   tenants and namespaces never share exact-prefix nodes. When at least ``min_unmatched_tokens``
+   stay unmatched by the exact tree and the request has a verified context, the candidate
+   provider is asked for donors of the same scope, their live KV is measured in the tree, and
+   the decision is queued for the decision thread (:meth:`Governor.decide_later`), once per
+   request (retraction included). The request is then held out of the round (not blocking it)
+   until its decision is done and, for an allow, its record durable, or until its deadline
+   (``decision_timeout_ms``, then ``audit_wait_ms``), after which it is admitted and runs cold.
+1. ``match_prefix`` (every waiting request, every scheduling round): the exact match runs as
+   usual (a request the round hook has not seen is given its state and decision here). Once the
+   decision is done, the reusable run of the best allowed donor (approved spans contiguous from
+   the exact-match end, inside the donor's live KV, page-aligned) is reported as a *host hit*.
+   Nothing is allocated, pinned, decided or waited for here.
 2. ``init_load_back`` (admission, inside the scheduler's prefill adder, only when that request
-   is admitted): re-match the donor, pin it for the duration of this call only, check token
+   is admitted): the allow record must already be durable (never waited for here); re-match the
+   donor, pin it for the duration of this call only, check token
    identity against the live donor, allocate fresh slots (evicting if needed: the donor is
    pinned), copy the donor's K/V into them on the scheduler's current stream (keys re-rotated
    for shifted spans), unpin, audit, check the pool. Any problem frees what was taken and
@@ -36,6 +44,8 @@ NOTE: invariants:
   have server-generated ids, and ``rid`` only labels records (:func:`request_label`).
 - ``match_prefix`` allocates and pins nothing; the one donor pin exists only inside
   ``init_load_back``.
+- The scheduler thread never waits for semgov: policy evaluation, record signing and audit I/O
+  run on other threads; it only polls (``PendingDecision.done``, ``Ticket.done``).
 - Any error or doubt means no reuse for that request (cold prefill); no exception of the hook's
   own leaves an SGLang entry point; an invariant violation disables semantic reuse for the
   process (audited; raised when ``strict``).
@@ -45,6 +55,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+import time
 import weakref
 from array import array
 from collections.abc import Iterator
@@ -60,7 +71,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 from engine_hooks.sglang.context import KEY_PREFIX, RequestContext, anonymous_cache_key
-from engine_hooks.sglang.governor import DonorEntry, DonorSpec, Governor
+from engine_hooks.sglang.governor import DonorEntry, DonorSpec, Governor, PendingDecision
 from engine_hooks.sglang.guard import InvariantGuard, InvariantViolation
 from engine_hooks.sglang.kv_copy import RopeSpec, copy_kv
 from engine_hooks.sglang.plan import Piece, plan_pieces, planned_tokens, request_label
@@ -98,6 +109,11 @@ class _State:
     src_slots: torch.Tensor | None = None
     realizations: int = 0
     retractions: int = 0
+    pending: PendingDecision | None = None
+    live: tuple[tuple[DonorEntry, int], ...] = ()  # the decided candidates and their live KV length
+    m0: int = 0  # exact match and prompt length when the decision was queued
+    limit0: int = 0
+    deadline: float = 0.0  # time.monotonic() past which the request is no longer held back
 
 
 def state_of(req: Any) -> _State | None:
@@ -136,6 +152,9 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             "donors_registered": 0,
             "guard_checks": 0,
             "hook_errors": 0,
+            "held": 0,
+            "late_decisions": 0,
+            "not_durable_in_time": 0,
         }
 
     # ---- identity --------------------------------------------------------------------------
@@ -235,10 +254,8 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             self._release_private(st)  # the exact match moved: the realized run no longer fits
             return result
         if not st.decided:
-            if limit - m < self.gov.settings.min_unmatched_tokens:
-                return result
-            st.decided = True
-            self._decide(st, req, m, limit)
+            self._begin(st, req, m, limit)
+        self._collect(st)
         if st.chosen is None:
             return result
         k = planned_tokens(st.chosen.approved_spans, m, limit, st.donor_len, self.page_size)
@@ -351,8 +368,12 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         r = UnifiedRadixCache._match_tree(self, MatchPrefixParams(key=key))
         return int(r.device_prefix_len), r.last_device_node
 
-    def _decide(self, st: _State, req: Any, m: int, limit: int) -> None:
-        assert self.gov is not None and st.context is not None
+    def _begin(self, st: _State, req: Any, m: int, limit: int) -> None:
+        """Queue the request's decision (once): same-scope candidates whose KV is still live."""
+        assert self.gov is not None
+        st.decided = True
+        if st.context is None or limit - m < self.gov.settings.min_unmatched_tokens:
+            return
         tokens = req.origin_input_ids
         text = None  # SGLang keeps no prompt text; donors get theirs from the detokenizer
         live: list[tuple[DonorEntry, float, int]] = []
@@ -365,16 +386,91 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         if not live:
             return
         self.stats["decided_requests"] += 1
-        st.decisions = self.gov.decide(st.label, st.context, tokens, text, [(e, s) for e, s, _ in live])
+        st.live = tuple((e, d) for e, _, d in live)
+        st.m0, st.limit0 = m, limit
+        st.deadline = time.monotonic() + self.gov.settings.decision_timeout_ms / 1000
+        st.pending = self.gov.decide_later(st.label, st.context, tokens, text, [(e, s) for e, s, _ in live])
+
+    def _collect(self, st: _State) -> None:
+        """Take a finished decision: the allowed donor whose plan realizes the most tokens."""
+        job = st.pending
+        if job is None or not job.done:
+            return
+        assert self.gov is not None
+        st.pending = None
+        st.decisions = job.decisions
         self.stats["decisions"] += len(st.decisions)
         best = 0
-        for dec, (entry, _, d_len) in zip(st.decisions, live, strict=False):
+        for dec, (entry, d_len) in zip(st.decisions, st.live, strict=False):
             if dec.decision != "allow":
                 continue
             self.stats["allowed"] += 1
-            k = planned_tokens(dec.approved_spans, m, limit, d_len, self.page_size)
+            k = planned_tokens(dec.approved_spans, st.m0, st.limit0, d_len, self.page_size)
             if k > best:
                 best, st.chosen, st.donor, st.donor_len = k, dec, entry, d_len
+        st.live = ()
+        if st.chosen is not None:
+            st.deadline = time.monotonic() + self.gov.settings.audit_wait_ms / 1000
+
+    # ---- admission: held back until decided ---------------------------------------------------
+
+    def hold_back(self, waiting: list[Any]) -> list[Any]:
+        """Scheduler thread, before a prefill round: the waiting requests to keep out of it.
+
+        Starts the decision of every request seen for the first time; holds back those whose
+        decision, or whose allow record's durability, is not ready before their deadline. The
+        caller takes them out of the round and puts them back after it. Never waits, never raises.
+        """
+        if self.gov is None or self.reuse_disabled is not None:
+            return []
+        try:
+            self.gov.drain_donors()
+        except Exception as e:  # noqa: BLE001 - a registry problem costs reuse, never the scheduler
+            self._hook_error("drain_donors", None, e)
+        held = []
+        now = time.monotonic()
+        for req in waiting:
+            try:
+                if self._must_wait(req, now):
+                    held.append(req)
+            except InvariantViolation:
+                raise
+            except Exception as e:  # noqa: BLE001 - any doubt: admit it, it runs cold
+                self._hook_error("hold_back", req, e)
+                st = state_of(req)
+                if st is not None:
+                    st.pending, st.chosen = None, None
+        self.stats["held"] += len(held)
+        return held
+
+    def _must_wait(self, req: Any, now: float) -> bool:
+        assert self.gov is not None
+        if req.kv.holds_kv:
+            return False
+        st = self._state(req)
+        if not st.decided:
+            tokens = req.origin_input_ids
+            limit = len(tokens)
+            key = RadixKey(tokens, req.extra_key, limit=max(limit - 1, 0), cache_salt=req.cache_salt)
+            m = int(UnifiedRadixCache._match_tree(self, MatchPrefixParams(key=key)).device_prefix_len)
+            self._begin(st, req, m, limit)
+        self._collect(st)
+        if st.pending is not None:
+            if now < st.deadline:
+                return True
+            # NOTE: late: the decision thread still finishes and audits it; it is never acted on.
+            st.pending, st.live = None, ()
+            self.stats["late_decisions"] += 1
+            return False
+        if st.chosen is None or st.durable:
+            return False
+        st.durable = self.gov.decision_durable(str(st.chosen.record["decision_id"]), 0)
+        if st.durable or self.gov.audit_broken is not None:
+            return False
+        if now < st.deadline:
+            return True
+        self.stats["not_durable_in_time"] += 1
+        return False  # admitted; init_load_back finds the record not durable and audits the fallback
 
     def _drop_plan(self, st: _State) -> None:
         self._release_private(st)
@@ -403,7 +499,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             if k == 0 or k != req.host_hit_length:
                 raise RealizationError(f"planned {k} tokens, admission promised {req.host_hit_length}")
             if not st.durable:
-                st.durable = self.gov.decision_durable(decision_id, self.gov.settings.audit_wait_ms / 1000)
+                st.durable = self.gov.decision_durable(decision_id, 0)  # NOTE: polled, never waited for
             if not st.durable:
                 why = self.gov.audit_broken or "not yet"
                 raise RealizationError(f"the allow decision is not durable in the audit log ({why})")

@@ -10,6 +10,11 @@
   :meth:`Governor.drain_donors`;
 - :meth:`Governor.decide` builds the ``CapturedRequest`` for one recipient and its candidates and
   runs :class:`semgov.decide.Evaluator` (every gate, every time; any error is a signed deny);
+  :meth:`Governor.decide_later` queues the same work for the decision thread (``semgov-decide``)
+  and returns a :class:`PendingDecision` the scheduler thread polls, never waits on;
+- :meth:`Governor.event` only queues a plain event: the decision thread builds and signs it, in
+  order after the decisions queued before it (the vLLM ``take_events`` pattern: no signing on the
+  scheduler thread);
 - every decision record and engine event is appended to the audit log, which only queues it:
   its own writer thread makes it durable (group commit), never the scheduler.
 
@@ -18,15 +23,18 @@ NOTE: invariants:
   thread only builds immutable :class:`DonorEntry` objects and hands them over by queue.
 - A donor is registered only from a request with a verified context that finished normally
   and never received reused KV itself.
+- A :class:`PendingDecision` is written only by the decision thread and read by the scheduler
+  thread only once ``done`` is set, which is set last.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -118,6 +126,33 @@ class DonorEntry:
     registered_at: datetime
 
 
+@dataclass(slots=True, eq=False)
+class PendingDecision:
+    """One recipient's decisions, made on the decision thread; read once ``done`` is True."""
+
+    request_id: str
+    context: RequestContext
+    token_ids: Sequence[int]
+    text: str | None
+    candidates: Sequence[tuple[DonorEntry, float]]
+    queued_at: float = 0.0  # time.monotonic() when queued
+    decisions: list[SignedDecision] = field(default_factory=list)
+    decided_s: float = 0.0  # seconds the decision thread spent on it
+    done: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _EventJob:
+    """An engine event as the scheduler thread queued it: built and signed on the decision thread."""
+
+    kind: str
+    at: datetime
+    fields: dict[str, Any]
+
+
+_Job = PendingDecision | _EventJob | threading.Event  # threading.Event: a wait_idle marker
+
+
 def prompt_of(token_ids: Sequence[int], text: str | None, ctx: RequestContext) -> Prompt:
     """The prompt semgov sees: the context's segments, or one ``other`` segment when it has none."""
     n = len(token_ids)
@@ -194,6 +229,7 @@ class Governor:
             ) from e
         self.audit_broken: str | None = None
         self._tickets: OrderedDict[str, Ticket] = OrderedDict()
+        self._tickets_lock = threading.Lock()
         self._donors: dict[str, DonorEntry] = {}
         self._by_scope: dict[str, OrderedDict[str, None]] = {}
         self._ready: queue.SimpleQueue[DonorEntry] = queue.SimpleQueue()
@@ -205,6 +241,12 @@ class Governor:
             self._worker = threading.Thread(target=self._register_loop, name="semgov-donors", daemon=True)
             self._worker.start()
         self.audit_failures = 0
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._decider: threading.Thread | None = None
+        self.decision_batches = 0
+        if settings.async_decisions:
+            self._decider = threading.Thread(target=self._decide_loop, name="semgov-decide", daemon=True)
+            self._decider.start()
 
     # ---- contexts --------------------------------------------------------------------------
 
@@ -411,10 +453,58 @@ class Governor:
         for d in decisions:
             ticket = self._append(d.canonical)
             if ticket is not None and d.decision == "allow":
-                self._tickets[str(d.record["decision_id"])] = ticket
-                while len(self._tickets) > 4096:
-                    self._tickets.popitem(last=False)
+                with self._tickets_lock:
+                    self._tickets[str(d.record["decision_id"])] = ticket
+                    while len(self._tickets) > 4096:
+                        self._tickets.popitem(last=False)
         return decisions
+
+    def decide_later(
+        self,
+        request_id: str,
+        ctx: RequestContext,
+        token_ids: Sequence[int],
+        text: str | None,
+        candidates: Sequence[tuple[DonorEntry, float]],
+    ) -> PendingDecision:
+        """Queue :meth:`decide` for the decision thread (run at once without one); poll ``done``."""
+        job = PendingDecision(request_id, ctx, token_ids, text, candidates, queued_at=time.monotonic())
+        if self._decider is None:
+            self._run_decision(job)
+        else:
+            self._jobs.put(job)
+        return job
+
+    def _run_decision(self, job: PendingDecision) -> None:
+        t0 = time.perf_counter()
+        try:
+            job.decisions = self.decide(job.request_id, job.context, job.token_ids, job.text, job.candidates)
+        finally:
+            job.decided_s = time.perf_counter() - t0
+            job.done = True  # NOTE: last: the scheduler thread reads decisions only after this
+
+    def _decide_loop(self) -> None:
+        """The decision thread: take everything queued at once (a batch), in order, then wait again."""
+        while True:
+            batch = [self._jobs.get()]
+            while True:
+                try:
+                    batch.append(self._jobs.get_nowait())
+                except queue.Empty:
+                    break
+            self.decision_batches += 1
+            for job in batch:
+                if job is None:
+                    return
+                try:
+                    if isinstance(job, PendingDecision):
+                        self._run_decision(job)
+                    elif isinstance(job, _EventJob):
+                        self._sign_event(job)
+                    else:
+                        job.set()  # wait_idle: everything queued before it is done
+                except Exception as e:  # noqa: BLE001 - both fail closed themselves; this is a bug
+                    get_logger().error("semgov decision thread error", error=f"{type(e).__name__}: {e}")
 
     def decision_durable(self, decision_id: str, timeout: float) -> bool:
         """Whether an allow decision's record is durable in the audit log (waits up to ``timeout``).
@@ -422,16 +512,18 @@ class Governor:
         NOTE: a realization happens only after the record that allowed it is durable: a reuse
         whose decision could be lost in a crash or a full disk is not made.
         """
-        ticket = self._tickets.get(decision_id)
+        with self._tickets_lock:
+            ticket = self._tickets.get(decision_id)
         if ticket is None or self.audit_broken is not None:
             return False
         try:
-            done = ticket.done() or ticket.wait(timeout)
+            done = ticket.done() or ticket.wait(timeout)  # wait(0) polls, and raises if the writer failed
         except Exception as e:  # noqa: BLE001 - the writer failed: the log is broken
             self._broken(e)
             return False
         if done:
-            self._tickets.pop(decision_id, None)
+            with self._tickets_lock:
+                self._tickets.pop(decision_id, None)
         return bool(done)
 
     # ---- audit -----------------------------------------------------------------------------
@@ -447,30 +539,66 @@ class Governor:
         slots: Sequence[int] = (),
         spans: Sequence[dict[str, Any]] = (),
         detail: str = "",
-    ) -> SignedEvent | None:
-        """Sign an engine event and queue it for the audit log (never raises)."""
+    ) -> None:
+        """Queue an engine event; the decision thread builds, signs and appends it (never raises).
+
+        NOTE: only the time is taken here; the event's fields are plain values the caller no longer
+        changes (lists of ints, span dicts built for it, strings).
+        """
+        fields = {
+            "request_id": request_id,
+            "decision_id": decision_id,
+            "donor_id": donor_id,
+            "materialized_tokens": materialized_tokens,
+            "slots": slots,
+            "spans": spans,
+            "detail": detail,
+        }
         try:
+            job = _EventJob(kind, self.clock(), fields)
+        except Exception as e:  # noqa: BLE001 - a broken clock must not take the scheduler down
+            self.audit_failures += 1
+            get_logger().error("semgov engine event not audited", kind=kind, error=f"{type(e).__name__}: {e}")
+            return
+        if self._decider is None:
+            self._sign_event(job)
+        else:
+            self._jobs.put(job)
+
+    def _sign_event(self, job: _EventJob) -> SignedEvent | None:
+        try:
+            f = job.fields
             signed = sign_engine_event(
                 engine_event(
-                    kind,
+                    job.kind,
                     engine=self.engine_name,
-                    request_id=request_id,
-                    decision_id=decision_id,
-                    donor_id=donor_id,
-                    materialized_tokens=materialized_tokens,
-                    slots=list(slots),
-                    spans=list(spans),
-                    detail=detail,
-                    at=self.clock(),
+                    request_id=f["request_id"],
+                    decision_id=f["decision_id"],
+                    donor_id=f["donor_id"],
+                    materialized_tokens=f["materialized_tokens"],
+                    slots=list(f["slots"]),
+                    spans=list(f["spans"]),
+                    detail=f["detail"],
+                    at=job.at,
                 ),
                 self.signing_key,
             )
         except Exception as e:  # noqa: BLE001 - auditing must not take the scheduler down
             self.audit_failures += 1
-            get_logger().error("semgov engine event not audited", kind=kind, error=f"{type(e).__name__}: {e}")
+            get_logger().error(
+                "semgov engine event not audited", kind=job.kind, error=f"{type(e).__name__}: {e}"
+            )
             return None
         self._append(signed.canonical)
         return signed
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Block until everything queued for the decision thread is done (tests, shutdown)."""
+        if self._decider is None:
+            return True
+        done = threading.Event()
+        self._jobs.put(done)
+        return done.wait(timeout)
 
     def _append(self, record: bytes) -> Ticket | None:
         try:
@@ -490,12 +618,17 @@ class Governor:
             )
 
     def close(self) -> None:
-        """Stop the registration thread and close the audit log (flushes and checkpoints).
+        """Stop the registration and decision threads and close the audit log (flushes, checkpoints).
 
-        Raises the audit log's error if records it accepted could not be made durable.
+        Queued decisions and events are finished first. Raises the audit log's error if records it
+        accepted could not be made durable.
         """
         if self._worker is not None:
             self._todo.put(None)
             self._worker.join(timeout=30)
             self._worker = None
+        if self._decider is not None:
+            self._jobs.put(None)
+            self._decider.join(timeout=30)
+            self._decider = None
         self.audit.close()

@@ -1,8 +1,13 @@
 """SGLang general plugin (entry-point group ``sglang.srt.plugins``): registers the ``semgov`` backend.
 
 SGLang loads every installed general plugin at scheduler start, before the tree cache is built,
-and calls it; :func:`register` makes ``--radix-cache-backend semgov`` available. Importing this
-module is cheap: the hook itself is imported only when a server selects the backend.
+and calls it; :func:`register` makes ``--radix-cache-backend semgov`` available and registers one
+AROUND hook (SGLang's ``HookRegistry``, applied by SGLang right after the plugins ran) on
+``Scheduler.get_new_batch_prefill``: before each prefill round, requests whose semgov decision is
+not ready are taken out of the waiting queue for that round, and put back after it
+(:meth:`engine_hooks.sglang.cache.GovernedRadixCache.hold_back`). The hook does nothing for a
+scheduler whose tree is not the ``semgov`` backend. Importing this module is cheap: the hook
+itself is imported only when a server selects the backend.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 BACKEND = "semgov"
+PREFILL_ROUND = "sglang.srt.managers.scheduler.Scheduler.get_new_batch_prefill"
+_registered = False
 
 
 def _factory(ctx: Any) -> Any:
@@ -18,10 +25,34 @@ def _factory(ctx: Any) -> Any:
     return build_governed_cache(ctx)
 
 
+def prefill_round(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND ``get_new_batch_prefill``: run the round without the requests semgov holds back."""
+    hold = getattr(getattr(scheduler, "tree_cache", None), "hold_back", None)
+    waiting = getattr(scheduler, "waiting_queue", None)
+    if hold is None or not isinstance(waiting, list) or not waiting:
+        return original(scheduler, *args, **kwargs)
+    held = hold(waiting)
+    if not held:
+        return original(scheduler, *args, **kwargs)
+    ids = {id(r) for r in held}
+    scheduler.waiting_queue = [r for r in waiting if id(r) not in ids]
+    try:
+        return original(scheduler, *args, **kwargs)
+    finally:
+        # NOTE: the round may replace the list (admitted requests leave it): put the held ones
+        # back, in their order, at the front of whatever list it left.
+        scheduler.waiting_queue = held + list(scheduler.waiting_queue)
+
+
 def register() -> None:
-    """Register the ``semgov`` radix-cache backend (idempotent)."""
+    """Register the ``semgov`` radix-cache backend and the prefill-round hook (idempotent)."""
+    global _registered
     from sglang.srt.mem_cache.registry import get_radix_cache_factory, register_radix_cache_backend
 
-    if get_radix_cache_factory(BACKEND) is not None:
-        return
-    register_radix_cache_backend(BACKEND, _factory)
+    if get_radix_cache_factory(BACKEND) is None:
+        register_radix_cache_backend(BACKEND, _factory)
+    if not _registered:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        HookRegistry.register(PREFILL_ROUND, prefill_round, HookType.AROUND)
+        _registered = True

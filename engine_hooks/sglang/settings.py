@@ -50,15 +50,19 @@ class HookSettings:
     local files only), ``none`` (donors are registered unscanned; the default policy then denies them)
     or ``module.path:callable`` (a factory returning ``f(token_ids) -> str``)."""
     decision_timeout_ms: int = 100
-    """The policy engine must answer within this (on a worker thread); otherwise the decision is a
-    signed deny and the request runs cold: a stuck engine never stalls the scheduler."""
+    """How long a request is held back from admission while its decision is made (on the decision
+    thread; the policy engine gets the same limit, past which it is a signed deny): past that the
+    request is admitted and runs cold. The scheduler never waits for it."""
     audit_wait_ms: int = 50
-    """At admission, how long a realization may wait for its allow decision to be durable in the audit
-    log (usually it already is); past that the request runs cold."""
+    """How long a request with an allow decision is held back further until that record is durable
+    in the audit log (usually it already is); past that it is admitted and runs cold."""
     strict: bool = False
     """Raise on an invariant violation (tests); production disables reuse and keeps serving cold."""
     async_registration: bool = True
     """Register donors (PII scan, provenance signing) on a background thread, off the scheduler."""
+    async_decisions: bool = True
+    """Decide and sign engine events on the decision thread, off the scheduler (off: inline, for
+    tests that step the cache by hand)."""
     audit_keyring: Path | None = None
     """Audit keyring (docs/formats.md) of other keys whose seals and checkpoints the audit log may end in:
     after rotating ``SEMGOV_SIGNING_KEY``, the previous key (docs/operations.md)."""
@@ -128,6 +132,7 @@ class HookSettings:
             audit_wait_ms=integer("SEMGOV_AUDIT_WAIT_MS", 50, 0, 10_000),
             strict=flag("SEMGOV_STRICT", False),
             async_registration=flag("SEMGOV_ASYNC_REGISTRATION", True),
+            async_decisions=flag("SEMGOV_ASYNC_DECISIONS", True),
             audit_keyring=optional_path("SEMGOV_AUDIT_KEYRING"),
             context_key_previous=optional_path("SEMGOV_CONTEXT_KEY_PREVIOUS"),
         )

@@ -265,7 +265,19 @@ class Harness:
         return req
 
     def match(self, req: Any) -> None:
+        """A prefill round's view of ``req``: the round hook until it lets it through, then the match."""
+        self.hold(req)
         req.init_next_round_input(self.tree)
+
+    def hold(self, req: Any, timeout: float = 120.0) -> int:
+        """Run the prefill-round hook on ``req`` until it is no longer held back; the rounds it took."""
+        import time
+
+        rounds, deadline = 1, time.monotonic() + timeout
+        while self.tree.hold_back([req]) and time.monotonic() < deadline:
+            time.sleep(0.001)
+            rounds += 1
+        return rounds
 
     def admit(self, req: Any, chunk: int | None = None) -> None:
         """The prefill adder's admission of one request (its cache-facing steps, in order)."""
@@ -415,9 +427,10 @@ class Harness:
         assert self.allocator.available_size() + self.tree.evictable_size() == self.size, msg
 
     def records(self) -> list[dict[str, Any]]:
-        """Every record of the audit log (after a flush of the writer)."""
+        """Every record of the audit log (after the decision thread and the writer are idle)."""
         from semgov.audit.store import iter_records
 
+        assert self.tree.gov.wait_idle(60)
         self.tree.gov.audit.flush()
         return [json.loads(r) for _, r in iter_records(self.files.audit_dir)]
 

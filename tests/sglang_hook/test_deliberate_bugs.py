@@ -79,9 +79,10 @@ class _LeaksOnFallback(GovernedRadixCache):
 class _UnpinnedStaleDonor(GovernedRadixCache):
     """BUG: the realization adopts the slots the decision saw, without re-matching the live donor."""
 
-    def _decide(self, st: Any, req: Any, m: int, limit: int) -> None:
-        super()._decide(st, req, m, limit)
-        if st.chosen is None:
+    def _collect(self, st: Any) -> None:
+        fresh = st.pending is not None and st.pending.done
+        super()._collect(st)
+        if not fresh or st.chosen is None:
             return
         root = self.root_node_handle(st.donor.cache_key)
         _, node = self._donor_path(st.donor)

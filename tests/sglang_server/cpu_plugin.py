@@ -13,6 +13,9 @@ server's ``PYTHONPATH``; SGLang runs it in the launcher, the scheduler and the d
   every layer to ``DIR`` with ``torch.save``: right after a realization (the recipient's realized
   slots and the donor slots they were copied from, with the pieces), and at release (the
   request's whole row, before it is freed). A test then compares them with a cold prefill's.
+- With ``SEMGOV_RIG_DONOR_LOG=FILE``, it appends ``s`` to ``FILE`` for every donor the hook
+  queues for registration and ``r`` when the registration thread is done with it, so the rig
+  can wait for registrations deterministically (:func:`tests.sglang_server.rig.settle`).
 - :func:`permissive_minhash` is the rig's candidate provider (``SEMGOV_PROVIDER``).
 """
 
@@ -40,6 +43,29 @@ def register() -> None:
     dump = os.environ.get("SEMGOV_RIG_KV_DUMP", "").strip()
     if dump:
         _install_kv_dump(Path(dump))
+    donor_log = os.environ.get("SEMGOV_RIG_DONOR_LOG", "").strip()
+    if donor_log:
+        _install_donor_log(Path(donor_log))
+
+
+def _install_donor_log(path: Path) -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    target = "engine_hooks.sglang.governor.Governor"
+
+    def mark(c: bytes) -> None:
+        with path.open("ab") as f:  # one byte per write: appends from two threads never interleave
+            f.write(c)
+
+    def before_submit(gov: Any, spec: Any) -> None:
+        mark(b"s")
+
+    def after_register(result: Any, gov: Any, spec: Any) -> Any:
+        mark(b"r")
+        return result
+
+    HookRegistry.register(f"{target}.submit_donor", before_submit, HookType.BEFORE)
+    HookRegistry.register(f"{target}._register", after_register, HookType.AFTER)
 
 
 def _layers(pool: Any, slots: Any) -> dict[str, Any]:

@@ -207,6 +207,7 @@ class Server:
         self.host = "127.0.0.1"
         self.log_path = work / "server.log"
         self.kv_dump_dir = work / "kv_dump"
+        self.donor_log = work / "donors.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_s: float | None = None
         self.gateway = Gateway(CONTEXT_SECRET)
@@ -239,6 +240,7 @@ class Server:
                 "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
                 "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
                 "SEMGOV_RIG_DEVICE": self.config.device,
+                "SEMGOV_RIG_DONOR_LOG": str(self.donor_log),
                 "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1",
                 "TOKENIZERS_PARALLELISM": "false",
@@ -642,10 +644,17 @@ def pair_prompts(
     return PairPrompts(donor, dsegs, rcp, rsegs, primer, psegs, s_len, e_len)
 
 
-def settle(server: Server, seconds: float = 0.4) -> None:
-    """Give the hook's registration thread time to register finished donors (after the server is idle)."""
+def settle(server: Server, timeout: float = 120.0) -> None:
+    """Wait until the server is idle and the hook's registration thread has finished every donor
+    queued so far (the rig's plugin logs both sides), so the next request can find them."""
     wait_idle(server)
-    time.sleep(seconds)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        marks = server.donor_log.read_bytes() if server.donor_log.exists() else b""
+        if marks.count(b"s") == marks.count(b"r"):
+            return
+        time.sleep(0.02)
+    raise RigError(f"donor registrations still running after {timeout:.0f} s ({server.donor_log})")
 
 
 def run_concurrently(jobs: Sequence[Any], workers: int) -> list[Any]:

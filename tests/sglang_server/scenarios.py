@@ -145,7 +145,7 @@ def cohorts(server: Server, tag: str, pairs: int = 1, e_len: int = 2048) -> Outc
                         p.primer, rid=f"{rid}-primer", extra_key=key(tenant, ns_cold, p.primer_segs)
                     )
                 )
-                settle(server, 0.1)
+                settle(server)
             cold = server.generate(
                 p.recipient, rid=f"{rid}-cold", extra_key=key(tenant, ns_cold, p.recipient_segs)
             )
@@ -211,7 +211,7 @@ def concurrency(server: Server, tag: str, groups: int = 10) -> Outcome:
         ],
         workers=groups,
     )
-    settle(server, 1.0)
+    settle(server)
     jobs: list[Callable[[], Result]] = []
     for i, p in enumerate(prompts):
         ns = f"ns-{tag}-{i}"
@@ -273,7 +273,7 @@ def aborts(server: Server, tag: str, n: int = 8) -> Outcome:
             p.donor, rid=f"{tag}-d{i}", extra_key=gw.token("acme", f"ns-{tag}-{i}", p.donor_segs)
         )
         _sent(out, [r])
-    settle(server, 1.0)
+    settle(server)
     jobs: list[Callable[[], Result]] = []
     for i, p in enumerate(prompts):
         tok = gw.token("acme", f"ns-{tag}-{i}", p.recipient_segs)
@@ -327,7 +327,7 @@ def flush_under_load(server: Server, tag: str, n: int = 12) -> Outcome:
                 )
             ],
         )
-    settle(server, 1.0)
+    settle(server)
     stop = threading.Event()
     codes: list[int] = []
 
@@ -492,7 +492,7 @@ def retraction(server: Server, tag: str, n: int = 6) -> Outcome:
                 )
             ],
         )
-    settle(server, 1.0)
+    settle(server)
     jobs = [
         (
             lambda p=p, i=i: server.generate(
