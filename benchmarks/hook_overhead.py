@@ -1,18 +1,21 @@
 """What the SGLang hook adds to the scheduler thread, on CPU with real SGLang objects.
 
 Measures, per request, with the test harness's real pools, allocator and tree (tests/sglang_hook),
-each stage as the scheduler thread runs it (the decision itself runs on the decision thread):
+each stage as the scheduler thread runs it (candidate search, the decision, record signing and
+audit I/O run on the decision and writer threads):
 
 - ``exact``: ``match_prefix`` of a request without a context (SGLang's exact match plus the key
   derivation): the floor;
-- ``hold``: the recipient's first prefill-round hook (``hold_back``): its state and key, an exact
-  match for the unmatched length, the provider query, the donors' liveness in the tree, and
-  queueing the decision (nothing is decided, signed or waited for on this thread);
-- ``poll``: each later round's hook while the decision is made (reads two flags);
+- ``first``: the recipient's first ``match_prefix``: SGLang's match, plus its state and key (the
+  context token's MAC) and queueing the candidate search and decision;
+- ``poll``: each later round's hook while the decision is made (reads two flags; the one that
+  finds it done also measures the allowed donor's live KV in the tree and plans);
 - ``match``: the ``match_prefix`` once decided (SGLang's match plus planning the reusable run);
 - ``realize``: admission (``init_load_back``): re-match and verify the donor, allocate, copy and
   re-rotate the evidence K/V (a tiny 2-layer, 2-head pool on CPU: the copy cost on a GPU pool is
-  not measured here), queue the audit event, invariant guard;
+  not measured here), queue the audit event, invariant guard; ``copy`` is the K/V copy alone;
+- ``sched``: semgov's own scheduler-thread time for the whole request as the cache records it
+  (``GovernedRadixCache.sched_ns``: every hook call, SGLang's match and the K/V copy excluded);
 - ``decided`` (off the scheduler thread, ms): from queueing the decision to its allow record
   being durable, the time a request is held back.
 
@@ -50,7 +53,12 @@ def run(n: int, evidence: int) -> dict[str, list[float]]:
     files = hc.make_hook_files(tmp)
     rt = hc.publish_runtime()
     h = hc.Harness(rt, files, size=1 << 16)
-    out: dict[str, list[float]] = {k: [] for k in ("exact", "hold", "poll", "match", "realize", "decided")}
+    stages = ("exact", "first", "poll", "match", "realize", "copy", "sched", "decided")
+    out: dict[str, list[float]] = {k: [] for k in stages}
+    from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
+
+    from engine_hooks.sglang.cache import state_of
+
     try:
         for i in range(n):
             b = blocks(seed=1000 + i, e_len=evidence)
@@ -64,20 +72,19 @@ def run(n: int, evidence: int) -> dict[str, list[float]]:
             t0 = time.perf_counter()
             h.match(anon)
             t1 = time.perf_counter()
-            held = h.tree.hold_back([r])
+            r.init_next_round_input(h.tree)
             t2 = time.perf_counter()
             polls: list[float] = []
+            held = h.tree.holds(r)
             while held:
                 time.sleep(0.0005)
                 tp = time.perf_counter()
-                held = h.tree.hold_back([r])
+                held = bool(h.tree.hold_back([r]))
                 polls.append(time.perf_counter() - tp)
             t3 = time.perf_counter()
             r.init_next_round_input(h.tree)
             t4 = time.perf_counter()
             tmp_lock = h.tree.lock(r.last_node)
-            from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
-
             t5 = time.perf_counter()
             loaded = h.tree.init_load_back(
                 InitLoadBackParams(
@@ -93,14 +100,18 @@ def run(n: int, evidence: int) -> dict[str, list[float]]:
             r.lock = h.tree.lock(r.last_node)
             h.tree.unlock(tmp_lock)
             h.prefill([r])
+            st = state_of(r)
+            assert st is not None
             h.finish(r)
             h.abort_waiting(anon)
             if i >= 5:  # warm-up
                 out["exact"].append((t1 - t0) * 1e6)
-                out["hold"].append((t2 - t1) * 1e6)
+                out["first"].append((t2 - t1) * 1e6)
                 out["poll"] += [p * 1e6 for p in polls]
                 out["match"].append((t4 - t3) * 1e6)
                 out["realize"].append((t6 - t5) * 1e6)
+                out["copy"].append(st.copy_ns / 1e3)
+                out["sched"].append(st.sched_ns / 1e3)
                 out["decided"].append((t3 - t1) * 1e3)
     finally:
         h.close()

@@ -21,7 +21,6 @@ from semgov._internal.deadline import Clock, Deadline, DeadlineExceeded
 from semgov._internal.log import get_logger
 from semgov._internal.pii import PiiScanner
 from semgov._internal.timefmt import rfc3339
-from semgov._internal.tokens import as_tokens, token_hash
 from semgov.canonical import canonicalize_record
 from semgov.capture import MalformedLine
 from semgov.engine import ApprovedSpan, EngineResult, GateOutcome, PolicyEngine, PolicySource
@@ -201,7 +200,7 @@ class Evaluator:
         ]
 
     def register_donor(self, prompt: Prompt) -> frozenset[str] | None:
-        """Compute a donor's per-donor facts ahead of any decision (today: its PII scan).
+        """Compute a donor's per-donor facts ahead of any decision: prepared tokens, hashes, PII scan.
 
         An engine calls this when a finished request becomes a donor, off any recipient's
         path, so that later decisions find the scan cached (it is keyed by token and text
@@ -210,14 +209,19 @@ class Evaluator:
         """
         cfg = self.policy.fact_config
         scanner = self.ctx.pii_scanner
-        if not cfg.scan_donor_text or prompt.text is None or scanner is None:
-            return None
         if self.limits.prompt_problem(prompt, "donor prompt") is not None:
             return None  # NOTE: a decision denies this donor without scanning it
         try:
+            self.ctx.donors.get(prompt)  # its tokens, segment table and hashes, prepared once here
+        except Exception as e:  # noqa: BLE001 - best effort: the decision path fails closed
+            get_logger().warning("donor preparation failed", error=f"{type(e).__name__}: {e}")
+            return None
+        if not cfg.scan_donor_text or prompt.text is None or scanner is None:
+            return None
+        try:
             return scanner.scan(
                 prompt.text,
-                donor_token_hash=token_hash(as_tokens(prompt.token_ids)),
+                donor_token_hash=self.ctx.donors.get(prompt).token_sha256,
                 min_score=cfg.pii_min_score,
                 phone_regions=cfg.phone_regions,
                 entities=cfg.pii_entities,

@@ -8,6 +8,8 @@ gates depending on it report ``error`` and the decision fails closed.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -51,6 +53,52 @@ class PreparedPrompt:
         return cls(toks, segs)
 
 
+@dataclass(frozen=True, slots=True)
+class DonorDigest:
+    """A donor prompt prepared once: its tokens and segment table, and the hashes provenance binds."""
+
+    prepared: PreparedPrompt
+    token_sha256: str
+    segments_sha256: str
+    text_sha256: str | None
+
+    @classmethod
+    def of(cls, prompt: Prompt) -> DonorDigest:
+        prepared = PreparedPrompt.of(prompt)
+        text = None if prompt.text is None else text_sha256(prompt.text)
+        return cls(prepared, token_hash(prepared.tokens), segments_sha256(prompt.segments), text)
+
+
+class _DonorDigests:
+    """Donor digests by prompt object, so a donor decided many times is prepared once.
+
+    NOTE: keyed by identity, confirmed by a weak reference (a recycled ``id`` never hits), and
+    sound because prompts are frozen models whose lists nothing in semgov changes after
+    validation. A prompt parsed anew (``semgov check``) is simply prepared anew. Thread-safe: an
+    engine's registration thread fills it while its decision thread reads it.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self._d: OrderedDict[int, tuple[weakref.ref[Prompt], DonorDigest]] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get(self, prompt: Prompt) -> DonorDigest:
+        key = id(prompt)
+        with self._lock:
+            hit = self._d.get(key)
+            if hit is not None and hit[0]() is prompt:
+                self._d.move_to_end(key)
+                return hit[1]
+        digest = DonorDigest.of(prompt)
+        with self._lock:
+            self._d[key] = (weakref.ref(prompt), digest)
+            self._d.move_to_end(key)
+            while len(self._d) > self._size:
+                self._d.popitem(last=False)
+        return digest
+
+
 class _Lru:
     """A bounded map; oldest entries are dropped first."""
 
@@ -83,10 +131,11 @@ class FactContext:
     pii_scanner: PiiScanner | None = None
     _sig_cache: _Lru = field(default_factory=lambda: _Lru(65536))
     _payload_cache: _Lru = field(default_factory=lambda: _Lru(65536))
+    donors: _DonorDigests = field(default_factory=_DonorDigests)
 
 
 def _provenance_facts(
-    cand: Candidate, donor: PreparedPrompt, donor_sha256: str, ctx: FactContext
+    cand: Candidate, donor: DonorDigest, ctx: FactContext
 ) -> tuple[ProvenanceFacts, ProvenancePayload | None]:
     prov = cand.provenance
     trusted = ctx.keyring.get(prov.key_id)
@@ -118,17 +167,16 @@ def _provenance_facts(
         payload_valid=payload is not None,
         payload_error=None if payload is not None else str(parsed),
         donor_id_matches=payload is not None and payload.donor_id == cand.donor_id,
-        token_hash_matches=payload is not None and payload.token_ids_sha256 == donor_sha256,
-        segments_hash_matches=payload is not None
-        and payload.segments_sha256 == segments_sha256(cand.prompt.segments),
-        text_hash_matches=payload is not None and _text_bound(cand.prompt.text, payload),
+        token_hash_matches=payload is not None and payload.token_ids_sha256 == donor.token_sha256,
+        segments_hash_matches=payload is not None and payload.segments_sha256 == donor.segments_sha256,
+        text_hash_matches=payload is not None and _text_bound(donor.text_sha256, payload),
     )
     return facts, payload
 
 
-def _text_bound(text: str | None, p: ProvenancePayload) -> bool:
+def _text_bound(text_digest: str | None, p: ProvenancePayload) -> bool:
     """No text, or exactly the text the producer signed (an unsigned text is not the donor's)."""
-    return text is None or (p.text_sha256 is not None and text_sha256(text) == p.text_sha256)
+    return text_digest is None or (p.text_sha256 is not None and text_digest == p.text_sha256)
 
 
 def _donor_facts(p: ProvenancePayload) -> DonorFacts:
@@ -171,16 +219,15 @@ def compute_facts(
     errors: dict[str, str] = {}
     prov_facts = donor_facts = pii_facts = tok_facts = None
     payload: ProvenancePayload | None = None
-    donor: PreparedPrompt | None = None
-    donor_sha256 = ""
+    digest: DonorDigest | None = None
     try:
-        donor = PreparedPrompt.of(cand.prompt)
-        donor_sha256 = token_hash(donor.tokens)
+        digest = ctx.donors.get(cand.prompt)
     except Exception as e:  # noqa: BLE001 - fail closed on anything
         errors["provenance"] = errors["tokens"] = errors["pii"] = f"donor prompt: {_error(e)}"
-    if donor is not None:
+    if digest is not None:
+        donor = digest.prepared
         try:
-            prov_facts, payload = _provenance_facts(cand, donor, donor_sha256, ctx)
+            prov_facts, payload = _provenance_facts(cand, digest, ctx)
             donor_facts = _donor_facts(payload) if payload is not None else None
         except Exception as e:  # noqa: BLE001
             errors["provenance"] = _error(e)
@@ -193,7 +240,7 @@ def compute_facts(
                     raise RuntimeError("donor text present but no PII scanner configured")
                 text_entities = ctx.pii_scanner.scan(
                     text,
-                    donor_token_hash=donor_sha256,
+                    donor_token_hash=digest.token_sha256,
                     min_score=config.pii_min_score,
                     phone_regions=config.phone_regions,
                     entities=config.pii_entities,
@@ -201,7 +248,7 @@ def compute_facts(
                 # NOTE: a scan vouches for the donor only if the text scanned is the signed one and
                 # not empty (an unsigned or empty text can add findings, never count as a scan).
                 nonempty = text.strip() != "" or donor.tokens.size == 0
-                text_scanned = payload is not None and _text_bound(text, payload) and nonempty
+                text_scanned = payload is not None and _text_bound(digest.text_sha256, payload) and nonempty
             pii_facts = PiiFacts(
                 provenance_scanned=payload.pii.scanned if payload else False,
                 provenance_entities=sorted(payload.pii.entities) if payload else [],

@@ -157,3 +157,49 @@ def test_engine_timeout_denies_with_every_gate_error(keys: Keys, pii_scanner: Pi
     assert fine.decision == "allow"  # a timely engine through the worker thread decides as before
     with pytest.raises(ValueError, match="engine_timeout must be positive"):
         Evaluator(policy, keys.keyring, keys.decision, engine_timeout=0)
+
+
+def test_register_donor_prepares_the_donor_once_for_every_decision(
+    keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A registered donor's tokens and hashes are prepared once; decisions on that prompt reuse them."""
+    import semgov.facts as facts_mod
+    from semgov import load_policy
+    from tests.conftest import DEFAULT_POLICY_DIR, parse
+
+    made: list[int] = []
+    real_of = facts_mod.DonorDigest.of
+
+    def counting(prompt: Any) -> Any:
+        made.append(id(prompt))
+        return real_of(prompt)
+
+    monkeypatch.setattr(facts_mod.DonorDigest, "of", staticmethod(counting))
+    ev = Evaluator(load_policy(DEFAULT_POLICY_DIR), keys.keyring, keys.decision)
+    req = parse(request([candidate(keys)]))
+    ev.register_donor(req.candidates[0].prompt)
+    first = [d.decision for d in ev.evaluate(req)]
+    again = [d.decision for d in ev.evaluate(req)]
+    assert first == again == ["allow"] and made == [id(req.candidates[0].prompt)]
+    fresh = parse(request([candidate(keys)]))  # equal content, another object: prepared anew, same outcome
+    assert [d.decision for d in ev.evaluate(fresh)] == ["allow"] and len(made) == 2
+
+
+def test_donor_digest_never_hits_for_a_recycled_object_id(keys: Keys) -> None:
+    """A digest is taken only for the very prompt object it was made from (a weak reference confirms it)."""
+    from semgov.facts import DonorDigest, _DonorDigests
+    from semgov.models import Prompt
+    from tests.conftest import parse
+
+    cache = _DonorDigests(size=8)
+    a = parse(request([candidate(keys)])).candidates[0].prompt
+    da = cache.get(a)
+    key = id(a)
+    del a
+    import gc
+
+    gc.collect()
+    b = Prompt.model_validate({"token_ids": [5, 6, 7], "segments": [{"role": "other", "start": 0, "end": 3}]})
+    cache._d[id(b)] = cache._d.pop(key)  # as if b had been given a's id
+    db = cache.get(b)
+    assert db is not da and db.token_sha256 == DonorDigest.of(b).token_sha256 != da.token_sha256

@@ -53,6 +53,7 @@ NOTE: invariants:
 
 from __future__ import annotations
 
+import collections
 import itertools
 import secrets
 import time
@@ -110,10 +111,21 @@ class _State:
     realizations: int = 0
     retractions: int = 0
     pending: PendingDecision | None = None
-    live: tuple[tuple[DonorEntry, int], ...] = ()  # the decided candidates and their live KV length
     m0: int = 0  # exact match and prompt length when the decision was queued
     limit0: int = 0
     deadline: float = 0.0  # time.monotonic() past which the request is no longer held back
+    sched_ns: int = 0  # scheduler-thread time spent in semgov's code for this request
+    queued_at: float = 0.0  # time.monotonic() when its decision was queued (0: never)
+    held_s: float = 0.0  # from then until it was first let through to admission
+    decided_s: float = 0.0  # from then until its decision was taken (done on the decision thread)
+    copy_ns: int = 0  # of which not counted there: the realizations' K/V copies (the reuse itself)
+
+
+def _int64(tokens: Any) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """Token ids as an int64 array: a zero-copy view of an ``array('q')`` (SGLang's own type)."""
+    if isinstance(tokens, array) and tokens.typecode == "q":
+        return np.frombuffer(tokens, dtype=np.int64)
+    return np.asarray(tokens, dtype=np.int64)
 
 
 def state_of(req: Any) -> _State | None:
@@ -141,6 +153,11 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         self.reuse_disabled: str | None = None
         self.guard = InvariantGuard(self)
         self.kv_pool = self.token_to_kv_pool_allocator.get_kvcache()
+        # NOTE: per finished request, semgov's scheduler-thread nanoseconds (hold, match share,
+        # realization, release), newest last; plus what no single request can be charged with.
+        self.sched_ns: collections.deque[int] = collections.deque(maxlen=4096)
+        self.sched_ns_unattributed = 0
+        self._copy_ns = 0
         self.stats: dict[str, int] = {
             "decided_requests": 0,
             "decisions": 0,
@@ -216,11 +233,13 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         req = params.req
         if self.gov is None or req is None:
             return super().match_prefix(params)
+        t0 = time.perf_counter_ns()
         try:
             self.gov.drain_donors()
         except Exception as e:  # noqa: BLE001 - a registry problem costs reuse, never the scheduler
             self._hook_error("drain_donors", req, e)
         st = self._state(req)  # NOTE: total: whatever the client sent, the request gets a key
+        t1 = time.perf_counter_ns()
         key = params.key
         if key.extra_key != req.extra_key:
             key = RadixKey(
@@ -232,6 +251,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             )
             params = MatchPrefixParams(key=key, cow_mamba=params.cow_mamba, req=req)
         result = super().match_prefix(params)
+        t2 = time.perf_counter_ns()
         try:
             return self._govern_match(req, st, key, result)
         except InvariantViolation:
@@ -240,6 +260,8 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             self._hook_error("match_prefix", req, e)
             self._drop_plan(st)
             return result
+        finally:
+            st.sched_ns += t1 - t0 + time.perf_counter_ns() - t2  # semgov's share, not SGLang's match
 
     def _govern_match(self, req: Any, st: _State, key: RadixKey, result: MatchResult) -> MatchResult:
         assert self.gov is not None
@@ -275,6 +297,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         if st is None or st.chosen is None or st.private is not None or self.reuse_disabled is not None:
             # NOTE: host hits only ever come from this hook (hierarchical caching is refused at build).
             return 0, req.last_node
+        t0, copy0 = time.perf_counter_ns(), st.copy_ns
         try:
             return self._realize(st, req)
         except InvariantViolation:
@@ -283,6 +306,8 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             self._hook_error("init_load_back", req, e)
             self._drop_plan(st)
             return 0, req.last_node
+        finally:
+            st.sched_ns += time.perf_counter_ns() - t0 - (st.copy_ns - copy0)  # the copy is counted apart
 
     def load_back_is_cache_owned(self) -> bool:
         # NOTE: realized slots are the request's own: cache_protected_len stays at the exact match.
@@ -304,6 +329,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         if self.gov is None:
             return
         st = state_of(req)
+        t0 = time.perf_counter_ns()
         try:
             if st is not None:
                 self._release_state(req, st, checkpointed)
@@ -313,6 +339,11 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         except Exception as e:  # noqa: BLE001 - bookkeeping failed: stop reusing, keep serving
             self._hook_error("on_release", req, e)
             self._disable(f"on_release of request {st.label if st else '?'} failed: {type(e).__name__}: {e}")
+        finally:
+            if st is not None:
+                st.sched_ns += time.perf_counter_ns() - t0
+                if req.finished():
+                    self.sched_ns.append(st.sched_ns)
 
     def _release_state(self, req: Any, st: _State, checkpointed: bool) -> None:
         assert self.gov is not None
@@ -364,51 +395,50 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
     # ---- decisions ---------------------------------------------------------------------------
 
     def _donor_path(self, entry: DonorEntry) -> tuple[int, Any]:
-        key = RadixKey(array("q", entry.token_ids), entry.cache_key, cache_salt=entry.cache_salt)
+        ids = entry.token_ids
+        toks = ids if isinstance(ids, array) and ids.typecode == "q" else array("q", ids)
+        key = RadixKey(toks, entry.cache_key, cache_salt=entry.cache_salt)
         r = UnifiedRadixCache._match_tree(self, MatchPrefixParams(key=key))
         return int(r.device_prefix_len), r.last_device_node
 
     def _begin(self, st: _State, req: Any, m: int, limit: int) -> None:
-        """Queue the request's decision (once): same-scope candidates whose KV is still live."""
+        """Queue the request's candidate search and decision (once), if it has donors to look at."""
         assert self.gov is not None
         st.decided = True
         if st.context is None or limit - m < self.gov.settings.min_unmatched_tokens:
             return
-        tokens = req.origin_input_ids
-        text = None  # SGLang keeps no prompt text; donors get theirs from the detokenizer
-        live: list[tuple[DonorEntry, float, int]] = []
-        for entry, sim in self.gov.candidates(st.context, st.cache_salt, tokens, text):
-            d_len, _ = self._donor_path(entry)
-            if d_len == 0:
-                self.gov.drop_donor(entry.donor_id)  # evicted: nothing left to reuse
-                continue
-            live.append((entry, sim, d_len))
-        if not live:
-            return
-        self.stats["decided_requests"] += 1
-        st.live = tuple((e, d) for e, _, d in live)
+        if not self.gov.has_donors(st.context, st.cache_salt):
+            return  # NOTE: nothing of its scope is registered: no decision, nothing to wait for
         st.m0, st.limit0 = m, limit
-        st.deadline = time.monotonic() + self.gov.settings.decision_timeout_ms / 1000
-        st.pending = self.gov.decide_later(st.label, st.context, tokens, text, [(e, s) for e, s, _ in live])
+        st.queued_at = time.monotonic()
+        st.deadline = st.queued_at + self.gov.settings.decision_timeout_ms / 1000
+        st.pending = self.gov.decide_later(st.label, st.context, st.cache_salt, req.origin_input_ids)
 
     def _collect(self, st: _State) -> None:
-        """Take a finished decision: the allowed donor whose plan realizes the most tokens."""
+        """Take a finished decision: the allowed donor with live KV whose plan realizes the most."""
         job = st.pending
         if job is None or not job.done:
             return
         assert self.gov is not None
         st.pending = None
+        st.decided_s = time.monotonic() - st.queued_at
         st.decisions = job.decisions
+        if job.candidates:
+            self.stats["decided_requests"] += 1
         self.stats["decisions"] += len(st.decisions)
         best = 0
-        for dec, (entry, d_len) in zip(st.decisions, st.live, strict=False):
+        for dec, (entry, _) in zip(st.decisions, job.candidates, strict=False):
             if dec.decision != "allow":
                 continue
             self.stats["allowed"] += 1
+            # NOTE: liveness is measured here, on the scheduler thread, and only for allowed donors.
+            d_len, _ = self._donor_path(entry)
+            if d_len == 0:
+                self.gov.drop_donor(entry.donor_id)  # evicted: nothing left to reuse
+                continue
             k = planned_tokens(dec.approved_spans, st.m0, st.limit0, d_len, self.page_size)
             if k > best:
                 best, st.chosen, st.donor, st.donor_len = k, dec, entry, d_len
-        st.live = ()
         if st.chosen is not None:
             st.deadline = time.monotonic() + self.gov.settings.audit_wait_ms / 1000
 
@@ -417,49 +447,62 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
     def hold_back(self, waiting: list[Any]) -> list[Any]:
         """Scheduler thread, before a prefill round: the waiting requests to keep out of it.
 
-        Starts the decision of every request seen for the first time; holds back those whose
-        decision, or whose allow record's durability, is not ready before their deadline. The
-        caller takes them out of the round and puts them back after it. Never waits, never raises.
+        Those whose decision, or whose allow record's durability, is not ready before their
+        deadline. The caller takes them out of the round and puts them back after it. A request
+        not seen yet is not held here: its first ``match_prefix`` in the round queues its decision
+        and :meth:`holds` keeps it out of that round's batch. Never waits, never raises.
         """
         if self.gov is None or self.reuse_disabled is not None:
             return []
+        t0 = time.perf_counter_ns()
         try:
             self.gov.drain_donors()
         except Exception as e:  # noqa: BLE001 - a registry problem costs reuse, never the scheduler
             self._hook_error("drain_donors", None, e)
-        held = []
-        now = time.monotonic()
-        for req in waiting:
-            try:
-                if self._must_wait(req, now):
-                    held.append(req)
-            except InvariantViolation:
-                raise
-            except Exception as e:  # noqa: BLE001 - any doubt: admit it, it runs cold
-                self._hook_error("hold_back", req, e)
-                st = state_of(req)
-                if st is not None:
-                    st.pending, st.chosen = None, None
+        held = [req for req in waiting if self._held(req)]
         self.stats["held"] += len(held)
+        self.sched_ns_unattributed += time.perf_counter_ns() - t0
         return held
 
-    def _must_wait(self, req: Any, now: float) -> bool:
-        assert self.gov is not None
-        if req.kv.holds_kv:
+    def holds(self, req: Any) -> bool:
+        """Scheduler thread, at admission (the prefill adder's ``add_one_req``): keep ``req`` out of
+        this batch (its decision or durable allow record is not ready yet)? Never raises."""
+        if self.gov is None or self.reuse_disabled is not None:
             return False
-        st = self._state(req)
-        if not st.decided:
-            tokens = req.origin_input_ids
-            limit = len(tokens)
-            key = RadixKey(tokens, req.extra_key, limit=max(limit - 1, 0), cache_salt=req.cache_salt)
-            m = int(UnifiedRadixCache._match_tree(self, MatchPrefixParams(key=key)).device_prefix_len)
-            self._begin(st, req, m, limit)
+        held = self._held(req)
+        self.stats["held"] += held
+        return held
+
+    def _held(self, req: Any) -> bool:
+        st = state_of(req)
+        if st is None or req.kv.holds_kv:
+            return False  # NOTE: never seen (no decision queued) or already admitted
+        t0 = time.perf_counter_ns()
+        try:
+            return self._must_wait(st, time.monotonic())
+        except InvariantViolation:
+            raise
+        except Exception as e:  # noqa: BLE001 - any doubt: admit it, it runs cold
+            self._hook_error("hold", req, e)
+            st.pending, st.chosen = None, None
+            return False
+        finally:
+            st.sched_ns += time.perf_counter_ns() - t0
+
+    def _must_wait(self, st: _State, now: float) -> bool:
+        held = self._wait(st, now)
+        if not held and st.queued_at and not st.held_s:
+            st.held_s = now - st.queued_at
+        return held
+
+    def _wait(self, st: _State, now: float) -> bool:
+        assert self.gov is not None
         self._collect(st)
         if st.pending is not None:
             if now < st.deadline:
                 return True
             # NOTE: late: the decision thread still finishes and audits it; it is never acted on.
-            st.pending, st.live = None, ()
+            st.pending = None
             self.stats["late_decisions"] += 1
             return False
         if st.chosen is None or st.durable:
@@ -511,8 +554,8 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             # allocation below must not take it, and nothing else ever holds a pin.
             pin = self.lock(node)
             self.pins += 1
-            rt = np.asarray(req.origin_input_ids, dtype=np.int64)
-            dt = np.asarray(st.donor.token_ids, dtype=np.int64)
+            rt = _int64(req.origin_input_ids)
+            dt = _int64(st.donor.token_ids)
             for p in pieces:
                 r0, d0, n = p.recipient_start, p.donor_start, p.length
                 # NOTE: token identity against the donor's tokens, whose tree path the re-match
@@ -524,6 +567,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             src = torch.cat([donor_slots[p.donor_start : p.donor_start + p.length] for p in pieces])
             slots = self._alloc(k)
             self._copy(src, slots, pieces)
+            st.copy_ns += self._copy_ns
         except Exception as e:  # noqa: BLE001 - any doubt: run cold
             if slots is not None:
                 self.token_to_kv_pool_allocator.free(slots)
@@ -573,7 +617,9 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         # NOTE: src comes from the tree's live path and dst from the allocator, so they are in
         # range, unique and disjoint by construction; the device-side checks (host syncs on an
         # accelerator) run only on a host pool.
+        t0 = time.perf_counter_ns()
         copy_kv(self.kv_pool, src, dst, delta, self.rope, check=dst.device.type == "cpu")
+        self._copy_ns = time.perf_counter_ns() - t0
 
     def _alloc(self, n: int) -> torch.Tensor:
         evict_from_tree_cache(self, n)

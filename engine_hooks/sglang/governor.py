@@ -19,8 +19,10 @@
   its own writer thread makes it durable (group commit), never the scheduler.
 
 NOTE: invariants:
-- Only the scheduler thread touches the provider and the donor registry; the registration
-  thread only builds immutable :class:`DonorEntry` objects and hands them over by queue.
+- Only the scheduler thread changes the donor registry; the registration thread only builds
+  immutable :class:`DonorEntry` objects and hands them over by queue. Only one thread touches the
+  candidate provider: the decision thread (the scheduler thread queues its ``add``/``remove``
+  there, in order with the queries), or the calling thread without one.
 - A donor is registered only from a request with a verified context that finished normally
   and never received reused KV itself.
 - A :class:`PendingDecision` is written only by the decision thread and read by the scheduler
@@ -32,6 +34,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -120,7 +123,7 @@ class DonorEntry:
     scope: str
     cache_key: str
     cache_salt: str | None
-    token_ids: tuple[int, ...]
+    token_ids: Sequence[int]  # an array('q') built once at registration (SGLang's own token type)
     prompt: Prompt
     provenance: dict[str, Any]
     registered_at: datetime
@@ -128,17 +131,27 @@ class DonorEntry:
 
 @dataclass(slots=True, eq=False)
 class PendingDecision:
-    """One recipient's decisions, made on the decision thread; read once ``done`` is True."""
+    """One recipient's candidates and decisions, found and made on the decision thread; read once
+    ``done`` is True (``decisions[i]`` decides ``candidates[i]``)."""
 
     request_id: str
     context: RequestContext
+    cache_salt: str | None
     token_ids: Sequence[int]
     text: str | None
-    candidates: Sequence[tuple[DonorEntry, float]]
     queued_at: float = 0.0  # time.monotonic() when queued
+    candidates: list[tuple[DonorEntry, float]] = field(default_factory=list)
     decisions: list[SignedDecision] = field(default_factory=list)
     decided_s: float = 0.0  # seconds the decision thread spent on it
     done: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _ProviderOp:
+    """A provider ``add`` (entry) or ``remove`` (donor id), applied on the decision thread in order."""
+
+    add: DonorEntry | None
+    remove: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +163,7 @@ class _EventJob:
     fields: dict[str, Any]
 
 
-_Job = PendingDecision | _EventJob | threading.Event  # threading.Event: a wait_idle marker
+_Job = PendingDecision | _EventJob | _ProviderOp | threading.Event  # Event: a wait_idle marker
 
 
 def prompt_of(token_ids: Sequence[int], text: str | None, ctx: RequestContext) -> Prompt:
@@ -332,7 +345,7 @@ class Governor:
                 scope=spec.context.scope(self.context_key, spec.cache_salt),
                 cache_key=spec.cache_key,
                 cache_salt=spec.cache_salt,
-                token_ids=spec.token_ids,
+                token_ids=array("q", spec.token_ids),
                 prompt=prompt,
                 provenance=sign_provenance(payload, self.signing_key),
                 registered_at=now,
@@ -359,7 +372,7 @@ class Governor:
                 self.drop_donor(next(iter(scope)))
             self._donors[entry.donor_id] = entry
             scope[entry.donor_id] = None
-            self.provider.add(entry.donor_id, entry.scope, entry.token_ids, entry.prompt.text)
+            self._provider_op(_ProviderOp(entry, None))
             n += 1
 
     def wait_registrations(self, timeout: float = 30.0) -> bool:
@@ -379,7 +392,28 @@ class Governor:
                 scope.pop(donor_id, None)
                 if not scope:
                     del self._by_scope[entry.scope]
-        self.provider.remove(donor_id)
+            self._provider_op(_ProviderOp(None, donor_id))
+
+    def _provider_op(self, op: _ProviderOp) -> None:
+        if self._decider is not None:
+            self._jobs.put(op)
+        else:
+            self._apply(op)
+
+    def _apply(self, op: _ProviderOp) -> None:
+        """Decision thread (or the caller without one): the one place the provider is changed."""
+        try:
+            if op.add is not None:
+                e = op.add
+                self.provider.add(e.donor_id, e.scope, e.token_ids, e.prompt.text)
+            elif op.remove is not None:
+                self.provider.remove(op.remove)
+        except Exception as e:  # noqa: BLE001 - a provider bug costs candidates, never the hook
+            get_logger().warning("semgov candidate provider failed", error=f"{type(e).__name__}: {e}")
+
+    def has_donors(self, ctx: RequestContext, cache_salt: str | None) -> bool:
+        """Scheduler thread: whether the registry holds any donor of this request's scope."""
+        return bool(self._by_scope.get(ctx.scope(self.context_key, cache_salt)))
 
     def forget_all_donors(self) -> None:
         """The tree was flushed: no donor's KV is left."""
@@ -393,7 +427,10 @@ class Governor:
         self, ctx: RequestContext, cache_salt: str | None, token_ids: Sequence[int], text: str | None
     ) -> list[tuple[DonorEntry, float]]:
         """Donors of the same scope (tenant, namespace, adapter, cache salt), best first (at most
-        ``max_candidates``)."""
+        ``max_candidates``). The provider's thread only (the decision thread, when there is one).
+
+        NOTE: the registry is read without a lock (single dict reads): a donor dropped meanwhile
+        may still be proposed; its KV is measured on the scheduler thread before any plan."""
         scope = ctx.scope(self.context_key, cache_salt)
         out = []
         for m in self.provider.query(scope, token_ids, text, limit=self.settings.max_candidates):
@@ -460,15 +497,11 @@ class Governor:
         return decisions
 
     def decide_later(
-        self,
-        request_id: str,
-        ctx: RequestContext,
-        token_ids: Sequence[int],
-        text: str | None,
-        candidates: Sequence[tuple[DonorEntry, float]],
+        self, request_id: str, ctx: RequestContext, cache_salt: str | None, token_ids: Sequence[int]
     ) -> PendingDecision:
-        """Queue :meth:`decide` for the decision thread (run at once without one); poll ``done``."""
-        job = PendingDecision(request_id, ctx, token_ids, text, candidates, queued_at=time.monotonic())
+        """Queue candidate search and :meth:`decide` for the decision thread (run at once without
+        one); the caller polls ``done``."""
+        job = PendingDecision(request_id, ctx, cache_salt, token_ids, None, queued_at=time.monotonic())
         if self._decider is None:
             self._run_decision(job)
         else:
@@ -478,10 +511,19 @@ class Governor:
     def _run_decision(self, job: PendingDecision) -> None:
         t0 = time.perf_counter()
         try:
-            job.decisions = self.decide(job.request_id, job.context, job.token_ids, job.text, job.candidates)
+            job.candidates = self.candidates(job.context, job.cache_salt, job.token_ids, job.text)
+            if job.candidates:
+                job.decisions = self.decide(
+                    job.request_id, job.context, job.token_ids, job.text, job.candidates
+                )
+        except Exception as e:  # noqa: BLE001 - no candidates, no decision: the request runs cold
+            job.candidates, job.decisions = [], []
+            get_logger().warning(
+                "semgov candidate search failed", request_id=job.request_id, error=f"{type(e).__name__}: {e}"
+            )
         finally:
             job.decided_s = time.perf_counter() - t0
-            job.done = True  # NOTE: last: the scheduler thread reads decisions only after this
+            job.done = True  # NOTE: last: the scheduler thread reads the job only after this
 
     def _decide_loop(self) -> None:
         """The decision thread: take everything queued at once (a batch), in order, then wait again."""
@@ -499,6 +541,8 @@ class Governor:
                 try:
                     if isinstance(job, PendingDecision):
                         self._run_decision(job)
+                    elif isinstance(job, _ProviderOp):
+                        self._apply(job)
                     elif isinstance(job, _EventJob):
                         self._sign_event(job)
                     else:

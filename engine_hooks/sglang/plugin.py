@@ -1,13 +1,19 @@
 """SGLang general plugin (entry-point group ``sglang.srt.plugins``): registers the ``semgov`` backend.
 
 SGLang loads every installed general plugin at scheduler start, before the tree cache is built,
-and calls it; :func:`register` makes ``--radix-cache-backend semgov`` available and registers one
-AROUND hook (SGLang's ``HookRegistry``, applied by SGLang right after the plugins ran) on
-``Scheduler.get_new_batch_prefill``: before each prefill round, requests whose semgov decision is
-not ready are taken out of the waiting queue for that round, and put back after it
-(:meth:`engine_hooks.sglang.cache.GovernedRadixCache.hold_back`). The hook does nothing for a
-scheduler whose tree is not the ``semgov`` backend. Importing this module is cheap: the hook
-itself is imported only when a server selects the backend.
+and calls it; :func:`register` makes ``--radix-cache-backend semgov`` available and registers two
+AROUND hooks (SGLang's ``HookRegistry``, applied by SGLang right after the plugins ran):
+
+- on ``Scheduler.get_new_batch_prefill``: before each prefill round, requests whose semgov
+  decision is not ready are taken out of the waiting queue for that round (SGLang does not even
+  match them), and put back after it
+  (:meth:`engine_hooks.sglang.cache.GovernedRadixCache.hold_back`);
+- on ``PrefillAdder.add_one_req``: a request first seen in this round (its ``match_prefix`` just
+  queued its decision) is not added to this round's batch
+  (:meth:`engine_hooks.sglang.cache.GovernedRadixCache.holds`): the adder goes on to the next.
+
+Both do nothing for a scheduler whose tree is not the ``semgov`` backend. Importing this module
+is cheap: the hook itself is imported only when a server selects the backend.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 
 BACKEND = "semgov"
 PREFILL_ROUND = "sglang.srt.managers.scheduler.Scheduler.get_new_batch_prefill"
+ADD_ONE_REQ = "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req"
 _registered = False
 
 
@@ -44,6 +51,16 @@ def prefill_round(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> A
         scheduler.waiting_queue = held + list(scheduler.waiting_queue)
 
 
+def add_one_req(original: Any, adder: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND ``PrefillAdder.add_one_req``: skip a request semgov holds (CONTINUE: try the next)."""
+    holds = getattr(getattr(adder, "tree_cache", None), "holds", None)
+    if holds is not None and holds(req):
+        from sglang.srt.managers.schedule_policy import AddReqResult
+
+        return AddReqResult.CONTINUE
+    return original(adder, req, *args, **kwargs)
+
+
 def register() -> None:
     """Register the ``semgov`` radix-cache backend and the prefill-round hook (idempotent)."""
     global _registered
@@ -55,4 +72,5 @@ def register() -> None:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
         HookRegistry.register(PREFILL_ROUND, prefill_round, HookType.AROUND)
+        HookRegistry.register(ADD_ONE_REQ, add_one_req, HookType.AROUND)
         _registered = True

@@ -19,9 +19,10 @@ Contract (:class:`CandidateProvider`):
 * ``similarity`` is a finite float in [0, 1]: 1.0 means "looks identical" to the provider, 0.0
   "nothing in common". It ranks candidates; it proves nothing (semgov's span finding and gates
   work on the real tokens).
-* It runs on the scheduler thread, synchronously, for every such waiting request: keep it fast
-  (sub-millisecond for a thousand donors) and pure: no I/O, no network, no threads of its own,
-  no locks (the hook calls it from one thread only).
+* It runs on the hook's decision thread (``add``/``remove`` queued there in order with the
+  queries), for every such waiting request: keep it fast (sub-millisecond for a thousand donors)
+  and pure: no I/O, no network, no threads of its own, no locks (the hook calls it from one
+  thread only; it shares the scheduler process's interpreter).
 
 Built in:
 

@@ -265,9 +265,13 @@ class Harness:
         return req
 
     def match(self, req: Any) -> None:
-        """A prefill round's view of ``req``: the round hook until it lets it through, then the match."""
-        self.hold(req)
+        """The scheduler's rounds for ``req`` until admission may take it: the match (the first
+        queues its decision), then, while the admission hook holds it, rounds of the round hook,
+        then the match again."""
         req.init_next_round_input(self.tree)
+        if self.tree.holds(req):
+            self.hold(req)
+            req.init_next_round_input(self.tree)
 
     def hold(self, req: Any, timeout: float = 120.0) -> int:
         """Run the prefill-round hook on ``req`` until it is no longer held back; the rounds it took."""

@@ -57,15 +57,29 @@ def test_prefill_round_leaves_a_scheduler_without_the_backend_alone() -> None:
     assert prefill_round(lambda s: s.waiting_queue, sched) is queue
 
 
-def test_recipient_is_held_until_decided_and_durable_then_realized(make_harness: Any) -> None:
-    """The first round queues the decision and holds the request; once durable it is let in and realized."""
+def test_recipient_is_held_until_decided_and_durable_then_realized(
+    make_harness: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first match queues the decision and admission skips it; once durable it is let in and realized."""
     h = make_harness()
+    gate = threading.Event()
+    real_decide = h.tree.gov.decide
+
+    def gated(*a: Any, **k: Any) -> Any:
+        gate.wait(30)
+        return real_decide(*a, **k)
+
+    monkeypatch.setattr(h.tree.gov, "decide", gated)
     b = blocks()
     run_donor(h, b)
     rcp = new_recipient(h, b)
-    assert h.tree.hold_back([rcp]) == [rcp]  # decision queued, not made on this thread
+    assert h.tree.hold_back([rcp]) == [] and state_of(rcp) is None  # not seen yet: nothing to hold
+    rcp.init_next_round_input(h.tree)  # the round's match queues the decision
     st = state_of(rcp)
-    assert st is not None and st.pending is not None
+    assert st is not None and st.pending is not None and rcp.host_hit_length == 0
+    assert h.tree.holds(rcp)  # the admission hook keeps it out of this batch
+    assert h.tree.hold_back([rcp]) == [rcp]  # and the next rounds too
+    gate.set()
     h.run(rcp)
     assert rcp.prefix_len == S_LEN + E_LEN and st.durable
     assert h.tree.stats["held"] >= 1 and h.tree.stats["late_decisions"] == 0
@@ -118,6 +132,7 @@ def test_a_late_decision_is_audited_but_the_request_runs_cold(
     run_donor(h, b)
     rcp = new_recipient(h, b)
     t0 = time.monotonic()
+    rcp.init_next_round_input(h.tree)
     rounds = h.hold(rcp)
     assert rounds >= 2 and time.monotonic() - t0 >= 0.05
     assert h.tree.stats["late_decisions"] == 1
@@ -147,3 +162,38 @@ def test_an_allow_not_durable_in_time_is_let_through_and_audited_as_a_fallback(
     assert len(failed) == 1 and "not durable" in failed[0]["detail"]
     h.finish(rcp)
     h.assert_clean()
+
+
+def test_add_one_req_hook_skips_a_held_request_and_admits_the_rest() -> None:
+    """The admission hook answers CONTINUE for a request semgov holds and calls SGLang's adder otherwise."""
+    from sglang.srt.managers.schedule_policy import AddReqResult
+
+    from engine_hooks.sglang.plugin import add_one_req
+
+    class _Cache:
+        def holds(self, req: Any) -> bool:
+            return bool(req == "held")
+
+    adder = SimpleNamespace(tree_cache=_Cache())
+    calls: list[str] = []
+
+    def original(a: Any, req: Any, **kw: Any) -> str:
+        calls.append(req)
+        return "added"
+
+    assert add_one_req(original, adder, "held", has_chunked_req=False) is AddReqResult.CONTINUE
+    assert add_one_req(original, adder, "free", has_chunked_req=False) == "added"
+    assert calls == ["free"]
+
+
+def test_semgov_scheduler_time_is_recorded_per_finished_request(make_harness: Any) -> None:
+    """Each finished request's semgov scheduler-thread time (K/V copy apart) is kept for the benchmarks."""
+    h = make_harness()
+    b = blocks()
+    run_donor(h, b)
+    rcp = new_recipient(h, b)
+    h.run(rcp)
+    st = state_of(rcp)
+    assert st is not None and st.copy_ns > 0
+    h.finish(rcp)
+    assert len(h.tree.sched_ns) == 2 and all(0 < t < 10**10 for t in h.tree.sched_ns)

@@ -16,6 +16,9 @@ server's ``PYTHONPATH``; SGLang runs it in the launcher, the scheduler and the d
 - With ``SEMGOV_RIG_DONOR_LOG=FILE``, it appends ``s`` to ``FILE`` for every donor the hook
   queues for registration and ``r`` when the registration thread is done with it, so the rig
   can wait for registrations deterministically (:func:`tests.sglang_server.rig.settle`).
+- With ``SEMGOV_RIG_SCHED_LOG=FILE``, it appends one line per finished request the hook
+  tracked: semgov's scheduler-thread nanoseconds for it (``_State.sched_ns``), and the seconds
+  from queueing its decision to taking it and to letting it through, for the benchmarks.
 - :func:`permissive_minhash` is the rig's candidate provider (``SEMGOV_PROVIDER``).
 """
 
@@ -46,6 +49,24 @@ def register() -> None:
     donor_log = os.environ.get("SEMGOV_RIG_DONOR_LOG", "").strip()
     if donor_log:
         _install_donor_log(Path(donor_log))
+    sched_log = os.environ.get("SEMGOV_RIG_SCHED_LOG", "").strip()
+    if sched_log:
+        _install_sched_log(Path(sched_log))
+
+
+def _install_sched_log(path: Path) -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    def after_release(result: Any, cache: Any, req: Any, *, checkpointed: bool) -> Any:
+        st = getattr(req, "_semgov_state", None)
+        if st is not None and req.finished():
+            with path.open("a") as f:
+                f.write(f"{st.sched_ns} {st.decided_s:.6f} {st.held_s:.6f}\n")
+        return result
+
+    HookRegistry.register(
+        "engine_hooks.sglang.cache.GovernedRadixCache.on_release", after_release, HookType.AFTER
+    )
 
 
 def _install_donor_log(path: Path) -> None:

@@ -84,13 +84,14 @@ class ServerConfig:
     kv_dump: bool = False
     strict: bool = True
     startup_timeout_s: float = 420.0
+    backend: str | None = "semgov"  # --radix-cache-backend; None: SGLang's stock radix cache
 
     def args(self, port: int) -> list[str]:
         a = [
             "--model-path", str(self.model),
             "--device", self.device,
             "--dtype", self.dtype,
-            "--radix-cache-backend", "semgov",
+            *(("--radix-cache-backend", self.backend) if self.backend else ()),
             "--page-size", str(self.page_size),
             "--max-total-tokens", str(self.max_total_tokens),
             "--random-seed", "0",
@@ -194,6 +195,7 @@ class Result:
     finish_reason: Any = None
     error: str | None = None
     status: int | None = None
+    chunk_s: list[float] = field(default_factory=list)  # perf_counter() of every chunk with new output
 
 
 class Server:
@@ -208,6 +210,7 @@ class Server:
         self.log_path = work / "server.log"
         self.kv_dump_dir = work / "kv_dump"
         self.donor_log = work / "donors.log"
+        self.sched_log = work / "sched_ns.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_s: float | None = None
         self.gateway = Gateway(CONTEXT_SECRET)
@@ -241,6 +244,7 @@ class Server:
                 "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
                 "SEMGOV_RIG_DEVICE": self.config.device,
                 "SEMGOV_RIG_DONOR_LOG": str(self.donor_log),
+                "SEMGOV_RIG_SCHED_LOG": str(self.sched_log),
                 "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1",
                 "TOKENIZERS_PARALLELISM": "false",
@@ -439,8 +443,11 @@ def stream_generate(
                 return res
             chunks += 1
             ids = chunk.get("output_ids") or []
+            now = time.perf_counter()
             if res.ttft_ms is None and ids:
-                res.ttft_ms = (time.perf_counter() - t0) * 1e3
+                res.ttft_ms = (now - t0) * 1e3
+            if len(ids) > len(res.output_ids):
+                res.chunk_s.append(now)
             if len(ids) >= len(res.output_ids):
                 res.output_ids = list(ids)
             meta = chunk.get("meta_info") or meta
