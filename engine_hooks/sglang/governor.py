@@ -11,7 +11,9 @@
 - :meth:`Governor.decide` builds the ``CapturedRequest`` for one recipient and its candidates and
   runs :class:`semgov.decide.Evaluator` (every gate, every time; any error is a signed deny);
   :meth:`Governor.decide_later` queues the same work for the decision thread (``semgov-decide``)
-  and returns a :class:`PendingDecision` the scheduler thread polls, never waits on;
+  and returns a :class:`PendingDecision` the scheduler thread polls, never waits on; with the
+  decision process (:mod:`engine_hooks.sglang.decider`, the default) that thread only forwards
+  requests and donors to it and audits the decisions it answers with;
 - :meth:`Governor.event` only queues a plain event: the decision thread builds and signs it, in
   order after the decisions queued before it (the vLLM ``take_events`` pattern: no signing on the
   scheduler thread);
@@ -42,6 +44,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from engine_hooks.sglang.context import ContextError, RequestContext, parse_context_token
+from engine_hooks.sglang.decider import DecisionProcess
 from engine_hooks.sglang.provider import CandidateProvider, load_provider
 from engine_hooks.sglang.settings import HookConfigError, HookSettings, read_context_key
 from semgov._internal.log import get_logger
@@ -179,6 +182,58 @@ def prompt_of(token_ids: Sequence[int], text: str | None, ctx: RequestContext) -
     )
 
 
+def build_evaluator(
+    settings: HookSettings, policy: PolicySource, keyring: Keyring, key: SigningKey
+) -> Evaluator:
+    """The evaluator the hook decides with (the same in the scheduler process and the decision process)."""
+    return Evaluator(
+        policy,
+        keyring,
+        key,
+        engine=make_engine(policy, settings.engine or "auto"),
+        engine_timeout=settings.decision_timeout_ms / 1000,
+    )
+
+
+def evaluate_request(
+    evaluator: Evaluator,
+    now: datetime,
+    request_id: str,
+    ctx: RequestContext,
+    token_ids: Sequence[int],
+    text: str | None,
+    candidates: Sequence[tuple[DonorEntry, float]],
+) -> list[SignedDecision]:
+    """One signed decision per candidate (the evaluator denies on any error of a candidate's).
+
+    Raises only when the request itself cannot be built (the caller then decides nothing).
+    """
+    req = CapturedRequest.model_validate(
+        {
+            "schema": CAPTURED_REQUEST_SCHEMA,
+            "request_id": request_id,
+            "received_at": now,
+            "tenant": ctx.tenant,
+            "namespace": ctx.namespace,
+            "task": ctx.task,
+            "response_contract": ctx.response_contract,
+            "prompt": prompt_of(token_ids, text, ctx),
+            "candidates": [
+                Candidate.model_validate(
+                    {
+                        "donor_id": d.donor_id,
+                        "similarity": sim,
+                        "prompt": d.prompt,
+                        "provenance": d.provenance,
+                    }
+                )
+                for d, sim in candidates
+            ],
+        }
+    )
+    return evaluator.evaluate(req, now=now)
+
+
 class Governor:
     """Decides reuse for one engine process and audits what it decides and does."""
 
@@ -212,13 +267,7 @@ class Governor:
                     "SEMGOV_CONTEXT_KEY (a rotation's previous key must be the old one)"
                 )
             self.previous_context_keys = (previous,)
-        self.evaluator = Evaluator(
-            self.policy,
-            self.keyring,
-            self.signing_key,
-            engine=make_engine(self.policy, settings.engine or "auto"),
-            engine_timeout=settings.decision_timeout_ms / 1000,
-        )
+        self.evaluator = build_evaluator(settings, self.policy, self.keyring, self.signing_key)
         self.provider: CandidateProvider = (
             provider
             if provider is not None
@@ -257,6 +306,10 @@ class Governor:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._decider: threading.Thread | None = None
         self.decision_batches = 0
+        self.remote: DecisionProcess | None = None
+        self.remote_broken_logged = False
+        if settings.async_decisions and settings.decision_process:
+            self.remote = DecisionProcess(settings)
         if settings.async_decisions:
             self._decider = threading.Thread(target=self._decide_loop, name="semgov-decide", daemon=True)
             self._decider.start()
@@ -402,6 +455,9 @@ class Governor:
 
     def _apply(self, op: _ProviderOp) -> None:
         """Decision thread (or the caller without one): the one place the provider is changed."""
+        if self.remote is not None:
+            self.remote.tell(("add", op.add) if op.add is not None else ("remove", op.remove))
+            return
         try:
             if op.add is not None:
                 e = op.add
@@ -456,37 +512,19 @@ class Governor:
         """
         if self.audit_broken is not None:
             return []
-        now = self.clock()
         try:
-            req = CapturedRequest.model_validate(
-                {
-                    "schema": CAPTURED_REQUEST_SCHEMA,
-                    "request_id": request_id,
-                    "received_at": now,
-                    "tenant": ctx.tenant,
-                    "namespace": ctx.namespace,
-                    "task": ctx.task,
-                    "response_contract": ctx.response_contract,
-                    "prompt": prompt_of(token_ids, text, ctx),
-                    "candidates": [
-                        Candidate.model_validate(
-                            {
-                                "donor_id": d.donor_id,
-                                "similarity": sim,
-                                "prompt": d.prompt,
-                                "provenance": d.provenance,
-                            }
-                        )
-                        for d, sim in candidates
-                    ],
-                }
+            decisions = evaluate_request(
+                self.evaluator, self.clock(), request_id, ctx, token_ids, text, candidates
             )
-            decisions = self.evaluator.evaluate(req, now=now)
         except Exception as e:  # noqa: BLE001 - fail closed: no decision means no reuse
             get_logger().warning(
                 "semgov decision failed", request_id=request_id, error=f"{type(e).__name__}: {e}"
             )
             return []
+        return self.record_decisions(decisions)
+
+    def record_decisions(self, decisions: list[SignedDecision]) -> list[SignedDecision]:
+        """Queue each decision record for the audit log; keep the allows' tickets (durability)."""
         for d in decisions:
             ticket = self._append(d.canonical)
             if ticket is not None and d.decision == "allow":
@@ -511,6 +549,9 @@ class Governor:
     def _run_decision(self, job: PendingDecision) -> None:
         t0 = time.perf_counter()
         try:
+            if self.remote is not None:
+                self._run_remote(job)
+                return
             job.candidates = self.candidates(job.context, job.cache_salt, job.token_ids, job.text)
             if job.candidates:
                 job.decisions = self.decide(
@@ -524,6 +565,36 @@ class Governor:
         finally:
             job.decided_s = time.perf_counter() - t0
             job.done = True  # NOTE: last: the scheduler thread reads the job only after this
+
+    def _run_remote(self, job: PendingDecision) -> None:
+        """Decide ``job`` in the decision process; audit and keep what it answered."""
+        assert self.remote is not None
+        if self.audit_broken is not None:
+            return
+        scope = job.context.scope(self.context_key, job.cache_salt)
+        tokens = job.token_ids if isinstance(job.token_ids, array) else array("q", job.token_ids)
+        msg = ("decide", job.request_id, job.context, scope, tokens, job.text, self.settings.max_candidates)
+        answer = self.remote.ask(msg)
+        if answer is None:
+            if not self.remote_broken_logged:
+                self.remote_broken_logged = True
+                get_logger().error(
+                    "semgov decision process failed: semantic reuse is off, serving cold",
+                    error=self.remote.broken,
+                )
+            return
+        _, found, decisions, error = answer
+        if error is not None:
+            get_logger().warning("semgov decision failed", request_id=job.request_id, error=error)
+        self.record_decisions(decisions)
+        # NOTE: every decision is audited; only those whose donor is still registered are acted on.
+        kept = [
+            ((entry, sim), d)
+            for (donor_id, sim), d in zip(found, decisions, strict=False)
+            if (entry := self._donors.get(donor_id)) is not None and d.donor_id == donor_id
+        ]
+        job.candidates = [c for c, _ in kept]
+        job.decisions = [d for _, d in kept]
 
     def _decide_loop(self) -> None:
         """The decision thread: take everything queued at once (a batch), in order, then wait again."""
@@ -675,4 +746,6 @@ class Governor:
             self._jobs.put(None)
             self._decider.join(timeout=30)
             self._decider = None
+        if self.remote is not None:
+            self.remote.close()
         self.audit.close()

@@ -63,6 +63,9 @@ class HookSettings:
     async_decisions: bool = True
     """Decide and sign engine events on the decision thread, off the scheduler (off: inline, for
     tests that step the cache by hand)."""
+    decision_process: bool = True
+    """With async decisions: search candidates and decide in a child process
+    (:mod:`engine_hooks.sglang.decider`), outside the scheduler's interpreter lock."""
     audit_keyring: Path | None = None
     """Audit keyring (docs/formats.md) of other keys whose seals and checkpoints the audit log may end in:
     after rotating ``SEMGOV_SIGNING_KEY``, the previous key (docs/operations.md)."""
@@ -133,6 +136,7 @@ class HookSettings:
             strict=flag("SEMGOV_STRICT", False),
             async_registration=flag("SEMGOV_ASYNC_REGISTRATION", True),
             async_decisions=flag("SEMGOV_ASYNC_DECISIONS", True),
+            decision_process=flag("SEMGOV_DECISION_PROCESS", True),
             audit_keyring=optional_path("SEMGOV_AUDIT_KEYRING"),
             context_key_previous=optional_path("SEMGOV_CONTEXT_KEY_PREVIOUS"),
         )

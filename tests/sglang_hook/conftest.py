@@ -89,6 +89,9 @@ class HookFiles:
             "SEMGOV_AUDIT_DIR": str(self.audit_dir),
             "SEMGOV_MIN_UNMATCHED_TOKENS": "128",
             "SEMGOV_ASYNC_REGISTRATION": "0",
+            # The decision thread decides in-process here (tests patch what it calls); the
+            # decision process has its own tests (test_hold_back.py) and runs in the real server.
+            "SEMGOV_DECISION_PROCESS": "0",
             "SEMGOV_STRICT": "1",
             "SEMGOV_DETOKENIZER": "tests.sglang_hook.scenario:detokenizer",
             # Behaviour, not speed, is under test: a loaded CI machine must not turn an allow into a

@@ -57,11 +57,8 @@ def test_prefill_round_leaves_a_scheduler_without_the_backend_alone() -> None:
     assert prefill_round(lambda s: s.waiting_queue, sched) is queue
 
 
-def test_recipient_is_held_until_decided_and_durable_then_realized(
-    make_harness: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The first match queues the decision and admission skips it; once durable it is let in and realized."""
-    h = make_harness()
+def _gate_decisions(h: Any, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Make the decision thread wait for the returned event before each decision."""
     gate = threading.Event()
     real_decide = h.tree.gov.decide
 
@@ -70,6 +67,15 @@ def test_recipient_is_held_until_decided_and_durable_then_realized(
         return real_decide(*a, **k)
 
     monkeypatch.setattr(h.tree.gov, "decide", gated)
+    return gate
+
+
+def test_recipient_is_held_until_decided_and_durable_then_realized(
+    make_harness: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first match queues the decision and admission skips it; once durable it is let in and realized."""
+    h = make_harness()
+    gate = _gate_decisions(h, monkeypatch)
     b = blocks()
     run_donor(h, b)
     rcp = new_recipient(h, b)
@@ -120,14 +126,7 @@ def test_a_late_decision_is_audited_but_the_request_runs_cold(
 ) -> None:
     """Past SEMGOV_DECISION_TIMEOUT_MS the request is let in cold; the late allow is audited, not acted on."""
     h = make_harness(SEMGOV_DECISION_TIMEOUT_MS="50")
-    gate = threading.Event()
-    real_decide = h.tree.gov.decide
-
-    def slow(*a: Any, **k: Any) -> Any:
-        gate.wait(30)
-        return real_decide(*a, **k)
-
-    monkeypatch.setattr(h.tree.gov, "decide", slow)
+    gate = _gate_decisions(h, monkeypatch)
     b = blocks()
     run_donor(h, b)
     rcp = new_recipient(h, b)
@@ -197,3 +196,42 @@ def test_semgov_scheduler_time_is_recorded_per_finished_request(make_harness: An
     assert st is not None and st.copy_ns > 0
     h.finish(rcp)
     assert len(h.tree.sched_ns) == 2 and all(0 < t < 10**10 for t in h.tree.sched_ns)
+
+
+def test_the_decision_process_decides_and_the_scheduler_process_audits(make_harness: Any) -> None:
+    """SEMGOV_DECISION_PROCESS=1: a child process decides; the recipient is realized and audited."""
+    h = make_harness(SEMGOV_DECISION_PROCESS="1")
+    gov = h.tree.gov
+    assert gov.remote is not None and gov.remote.proc.poll() is None
+    b = blocks()
+    run_donor(h, b)
+    rcp = new_recipient(h, b)
+    h.run(rcp)
+    assert rcp.prefix_len == S_LEN + E_LEN
+    h.finish(rcp)
+    recs = h.records()
+    [dec] = [r for r in recs if r["schema"] == "semgov.decision/v1"]
+    [real] = [r for r in recs if r.get("kind") == "realization"]
+    assert dec["decision"] == "allow" and real["decision_id"] == dec["decision_id"]
+    h.assert_clean()
+    h.close()
+    assert gov.remote.proc.returncode == 0
+
+
+def test_a_dead_decision_process_turns_reuse_off_without_raising(make_harness: Any, capfd: Any) -> None:
+    """The child killed: later recipients run cold, the failure is logged once, nothing raises."""
+    h = make_harness(SEMGOV_DECISION_PROCESS="1")
+    gov = h.tree.gov
+    assert gov.remote is not None
+    gov.remote.proc.kill()
+    gov.remote.proc.wait(10)
+    for seed in (1, 2):
+        b = blocks(seed=seed)
+        run_donor(h, b)
+        rcp = new_recipient(h, b)
+        h.run(rcp)
+        assert rcp.prefix_len == S_LEN and not rcp.skip_radix_cache_insert
+        h.finish(rcp)
+    assert gov.remote.broken is not None
+    assert capfd.readouterr().err.count("semgov decision process failed") == 1
+    h.assert_clean()
