@@ -44,7 +44,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from engine_hooks.sglang.context import ContextError, RequestContext, parse_context_token
-from engine_hooks.sglang.decider import DecisionProcess
+from engine_hooks.sglang.decider import DecisionProcess, candidate_entries
 from engine_hooks.sglang.provider import CandidateProvider, load_provider
 from engine_hooks.sglang.settings import HookConfigError, HookSettings, read_context_key
 from semgov._internal.log import get_logger
@@ -268,8 +268,18 @@ class Governor:
                 )
             self.previous_context_keys = (previous,)
         self.evaluator = build_evaluator(settings, self.policy, self.keyring, self.signing_key)
-        self.provider: CandidateProvider = (
-            provider
+        remote = settings.async_decisions and settings.decision_process
+        if remote and provider is not None:
+            raise HookConfigError(
+                "a provider object cannot cross into the decision process: name it in SEMGOV_PROVIDER, "
+                "or set SEMGOV_DECISION_PROCESS=0"
+            )
+        # NOTE: with the decision process, the provider lives there only (loading it here too would
+        # load an embedding model twice and index every donor twice).
+        self.provider: CandidateProvider | None = (
+            None
+            if remote
+            else provider
             if provider is not None
             else load_provider(settings.provider, max_donors_per_scope=settings.max_donors_per_scope)
         )
@@ -458,6 +468,7 @@ class Governor:
         if self.remote is not None:
             self.remote.tell(("add", op.add) if op.add is not None else ("remove", op.remove))
             return
+        assert self.provider is not None
         try:
             if op.add is not None:
                 e = op.add
@@ -487,14 +498,10 @@ class Governor:
 
         NOTE: the registry is read without a lock (single dict reads): a donor dropped meanwhile
         may still be proposed; its KV is measured on the scheduler thread before any plan."""
+        assert self.provider is not None
         scope = ctx.scope(self.context_key, cache_salt)
-        out = []
-        for m in self.provider.query(scope, token_ids, text, limit=self.settings.max_candidates):
-            entry = self._donors.get(m.donor_id)
-            # NOTE: scope is checked here too: isolation never rests on the provider alone.
-            if entry is not None and entry.scope == scope:
-                out.append((entry, m.similarity))
-        return out
+        matches = self.provider.query(scope, token_ids, text, limit=self.settings.max_candidates)
+        return candidate_entries(self._donors, scope, matches)
 
     # ---- decisions -------------------------------------------------------------------------
 
