@@ -32,7 +32,9 @@ How a request flows through it (SGLang 0.5.23's scheduler calls, in order):
 4. ``on_release`` / ``release_aborted_request``: a retracted request keeps its decisions (and may
    be realized again, under the same decision, when it is re-admitted); a finished one drops its
    state, and if it finished normally with a verified context and never received reused KV, it
-   is registered as a donor under a server-generated id.
+   is registered as a donor under a server-generated id. The invariant guard checks the pool
+   after every realization (or failed one) and at the release or abort of every request that
+   received realized slots: wherever the hook changed the pool.
 
 NOTE: invariants:
 - Reused KV is only ever *copied* into slots the recipient owns; donor slots are never adopted,
@@ -72,7 +74,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 from engine_hooks.sglang.context import KEY_PREFIX, RequestContext, anonymous_cache_key
-from engine_hooks.sglang.governor import DonorEntry, DonorSpec, Governor, PendingDecision
+from engine_hooks.sglang.governor import DonorSpec, Governor, LiveDonor, PendingDecision
 from engine_hooks.sglang.guard import InvariantGuard, InvariantViolation
 from engine_hooks.sglang.kv_copy import RopeSpec, copy_kv
 from engine_hooks.sglang.plan import Piece, plan_pieces, planned_tokens, request_label
@@ -100,7 +102,7 @@ class _State:
     decided: bool = False
     decisions: list[SignedDecision] = field(default_factory=list)
     chosen: SignedDecision | None = None
-    donor: DonorEntry | None = None
+    donor: LiveDonor | None = None
     donor_len: int = 0
     durable: bool = False
     recipient: bool = False
@@ -331,9 +333,15 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         st = state_of(req)
         t0 = time.perf_counter_ns()
         try:
-            if st is not None:
-                self._release_state(req, st, checkpointed)
-            self._check("release", st, exclude=req)
+            if st is None:
+                return
+            touched = st.recipient or st.private is not None
+            self._release_state(req, st, checkpointed)
+            # NOTE: the guard runs where the hook changed the pool: after every realization, and
+            # at the release of every request that received (or holds) realized slots. A release
+            # of a request the hook never gave KV is SGLang's own accounting, not re-checked here.
+            if touched:
+                self._check("release", st, exclude=req)
         except InvariantViolation:
             raise
         except Exception as e:  # noqa: BLE001 - bookkeeping failed: stop reusing, keep serving
@@ -368,7 +376,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
                     context=st.context,
                     cache_key=st.cache_key,
                     cache_salt=st.cache_salt,
-                    token_ids=tuple(int(t) for t in req.origin_input_ids),
+                    token_ids=array("q", req.origin_input_ids),
                     text=None,
                 )
             )
@@ -379,14 +387,17 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         if self.gov is None:
             return
         try:
+            touched = False
             for req, st in self._live():
                 # NOTE: SGLang hands over the request's own handle object: identity, not its rid.
                 if getattr(req, "cache_request_handle", None) is not request:
                     continue
+                touched = touched or st.recipient or st.private is not None
                 self._release_private(st)
                 if not req.kv.holds_kv:
                     self.reqs.pop(st.serial, None)  # aborted while waiting: no release follows
-            self._check("abort", None)
+            if touched:
+                self._check("abort", None)
         except InvariantViolation:
             raise
         except Exception as e:  # noqa: BLE001
@@ -394,7 +405,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
 
     # ---- decisions ---------------------------------------------------------------------------
 
-    def _donor_path(self, entry: DonorEntry) -> tuple[int, Any]:
+    def _donor_path(self, entry: LiveDonor) -> tuple[int, Any]:
         ids = entry.token_ids
         toks = ids if isinstance(ids, array) and ids.typecode == "q" else array("q", ids)
         key = RadixKey(toks, entry.cache_key, cache_salt=entry.cache_salt)

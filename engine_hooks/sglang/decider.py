@@ -1,37 +1,54 @@
-"""The decision process: candidate search and semgov decisions outside the scheduler's interpreter.
+"""The decision process: donor registration, candidate search, decisions and engine-event signing
+outside the scheduler's interpreter.
 
-A decision thread in the scheduler process shares its GIL: under a busy scheduler a decision
-that takes 5-8 ms on a quiet process was measured coming back after 0.4 s (p50;
-``benchmarks/sglang_itl.py``). With ``SEMGOV_DECISION_PROCESS=1`` (the default) the decision
-thread only forwards, in order, each donor ``add``/``remove`` and each recipient's request to a
-child process (``python -m engine_hooks.sglang.decider``), which holds the candidate provider
-and the donors' prompts and provenance, and builds the evaluator from the hook's settings (sent
-first; it reads the same policy, keyring and key files). It answers each request with the candidates it
-found and their signed decisions; the scheduler process audits them (the audit log has one
-writer) and acts on them. While the decision thread waits for the answer it holds no lock.
+A thread in the scheduler process shares its GIL: under a busy scheduler a decision that takes
+5-8 ms on a quiet process was measured coming back after 0.4 s (p50; ``benchmarks/sglang_itl.py``),
+and every donor's PII scan and provenance signing stalled the scheduler's own Python the same way.
+With ``SEMGOV_DECISION_PROCESS=1`` (the default) the scheduler process keeps only what must be
+there: the tree, the audit log (one writer) and a small table of live donors (id, scope, tree key,
+tokens). Its decision thread forwards every job, in the order the scheduler thread queued it, to a
+child process (``python -m engine_hooks.sglang.decider``) and never waits for an answer; a reader
+thread takes the answers and hands them to :class:`~engine_hooks.sglang.governor.Governor`.
+
+The child (:class:`_Child`) holds the candidate provider, the donors' prompts and provenance and
+the evaluator, built from the hook's settings (sent first; it reads the same policy, keyring and
+key files). Messages, parent to child, each answered in order except ``register`` (answered when
+its registration is done, by the child's registration thread) and ``remove``/``stop`` (no answer):
+
+- ``("register", DonorSpec, scope)`` -> ``("registered", donor_id, error | None)``;
+- ``("remove", donor_id)``;
+- ``("decide", seq, request_id, context, scope, tokens, text, limit)``
+  -> ``("decided", seq, [(donor_id, similarity)], [SignedDecision], error | None)``;
+- ``("event", seq, _EventJob)`` -> ``("event", seq, canonical record | None, error | None)``;
+- ``("ping", seq)`` -> ``("pong", seq)`` (everything sent before it is answered);
+- ``("stop",)``: finish the registrations in flight, then exit.
 
 Protocol: length-prefixed pickles over the child's stdin/stdout (the child moves whatever else
 writes to its stdout to stderr, which is the server's log). Pickle is safe here: both ends are
 this package, started by the hook itself, and nothing else can reach the pipes.
 
 NOTE: invariants:
-- One request in flight at a time, answered in order: an answer always belongs to the request
-  just sent.
+- No deadlock on the pipes: the parent's reader thread always drains the child's stdout, so the
+  child never blocks writing; the parent's decision thread may block writing (the child reads
+  between jobs), never the scheduler thread.
 - The child's provider and donor table change only through the messages the scheduler thread
-  queued, in the order it queued them with the requests.
+  queued (its registration thread adds a donor, under the table lock, before saying so); a donor
+  becomes visible to the scheduler only once the child has it.
 - Any failure of the child (it died, answered junk, could not start) is final for the process:
-  no more decisions (requests run cold), loudly logged; the hook never waits for a dead child.
+  no more decisions (requests run cold), loudly logged once; what it still owed is finished by
+  the parent (:meth:`Governor._remote_failed`); the hook never waits for a dead child.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import queue
 import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import IO, Any
 
@@ -39,7 +56,6 @@ from engine_hooks.sglang.context import RequestContext
 from engine_hooks.sglang.settings import HookConfigError, HookSettings
 
 _LEN = struct.Struct(">I")
-START_TIMEOUT_S = 120.0
 
 
 def send(f: IO[bytes], obj: object) -> None:
@@ -60,11 +76,23 @@ def recv(f: IO[bytes]) -> Any:
 
 
 class DecisionProcess:
-    """The scheduler process's side: starts the child and talks to it (the decision thread only)."""
+    """The scheduler process's side: starts the child, sends jobs (the decision thread) and reads
+    answers (its own reader thread, which calls ``on_message`` per answer and ``on_broken`` once
+    if the child fails)."""
 
-    def __init__(self, settings: HookSettings) -> None:
+    def __init__(
+        self,
+        settings: HookSettings,
+        tokenizer_path: str | None,
+        *,
+        on_message: Callable[[tuple[Any, ...]], None],
+        on_broken: Callable[[], None],
+        engine_name: str = "",
+    ) -> None:
         self.broken: str | None = None
-        self._lock = threading.Lock()  # NOTE: the decision thread is the only caller; close() too
+        self._closing = False
+        self._lock = threading.Lock()  # NOTE: serializes writers (the decision thread; close())
+        self._on_message, self._on_broken = on_message, on_broken
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "engine_hooks.sglang.decider"],
             stdin=subprocess.PIPE,
@@ -74,7 +102,7 @@ class DecisionProcess:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._in, self._out = self.proc.stdin, self.proc.stdout
         try:
-            send(self._in, ("init", settings))
+            send(self._in, ("init", settings, tokenizer_path, engine_name))
             ready = recv(self._out)
         except Exception as e:  # noqa: BLE001 - it could not start: say why, at build
             self.proc.kill()
@@ -82,29 +110,47 @@ class DecisionProcess:
         if not (isinstance(ready, tuple) and ready[:1] == ("ready",)):
             self.proc.kill()
             raise HookConfigError(f"the semgov decision process did not start: {ready!r}"[:500])
+        self._reader = threading.Thread(target=self._read_loop, name="semgov-decide-reader", daemon=True)
+        self._reader.start()
 
-    def tell(self, msg: tuple[Any, ...]) -> None:
-        """Send a message that has no answer (donor add/remove)."""
-        self._call(msg, answer=False)
-
-    def ask(self, msg: tuple[Any, ...]) -> Any:
-        """Send a request and wait (off the scheduler thread) for its answer; None once broken."""
-        return self._call(msg, answer=True)
-
-    def _call(self, msg: tuple[Any, ...], *, answer: bool) -> Any:
+    def tell(self, msg: tuple[Any, ...]) -> bool:
+        """Send one message (never waits for its answer); False once the child is broken."""
         with self._lock:
             if self.broken is not None:
-                return None
+                return False
             try:
                 send(self._in, msg)
-                return recv(self._out) if answer else None
+                return True
             except Exception as e:  # noqa: BLE001 - a dead or confused child: decide nothing more
-                self.broken = f"{type(e).__name__}: {e}"
-                self.proc.kill()
-                return None
+                self._fail(f"{type(e).__name__}: {e}")
+                return False
 
-    def close(self, timeout: float = 10.0) -> None:
+    def _fail(self, why: str) -> None:
+        self.broken = self.broken or why
+        self.proc.kill()
+
+    def _read_loop(self) -> None:
+        while True:
+            try:
+                msg = recv(self._out)
+                if not isinstance(msg, tuple) or not msg:
+                    raise ValueError(f"unexpected answer {type(msg).__name__}")
+            except Exception as e:  # noqa: BLE001 - EOF, junk: the child is done for
+                if not self._closing:
+                    self._fail(f"{type(e).__name__}: {e}")
+                    self._on_broken()
+                return
+            try:
+                self._on_message(msg)
+            except Exception as e:  # noqa: BLE001 - a handler bug must not stop the answers
+                from semgov._internal.log import get_logger
+
+                get_logger().error("semgov decision answer not handled", error=f"{type(e).__name__}: {e}")
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Ask the child to stop, then wait for it and for its last answer to be read."""
         with self._lock:
+            self._closing = True
             if self.broken is None:
                 try:
                     send(self._in, ("stop",))
@@ -116,6 +162,7 @@ class DecisionProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout)
+        self._reader.join(timeout)
 
 
 def candidate_entries(donors: dict[str, Any], scope: str, matches: Sequence[Any]) -> list[tuple[Any, float]]:
@@ -129,55 +176,126 @@ def candidate_entries(donors: dict[str, Any], scope: str, matches: Sequence[Any]
     return out
 
 
-def _serve(inp: IO[bytes], out: IO[bytes]) -> int:
-    from engine_hooks.sglang.governor import build_evaluator, evaluate_request
-    from engine_hooks.sglang.provider import load_provider
-    from semgov._internal.log import get_logger
-    from semgov.keys import Keyring, load_signing_key
-    from semgov.policy_source import load_policy_source
+class _Child:
+    """The decision process: answers the parent's messages (see the module docstring)."""
 
+    def __init__(
+        self, out: IO[bytes], settings: HookSettings, tokenizer_path: str | None, engine: str
+    ) -> None:
+        from engine_hooks.sglang.governor import build_evaluator, load_detokenizer
+        from engine_hooks.sglang.provider import load_provider
+        from semgov.keys import Keyring, load_signing_key
+        from semgov.policy_source import load_policy_source
+
+        self.out = out
+        self.settings = settings
+        self.engine = engine
+        policy = load_policy_source(settings.policy)
+        self.policy_version = f"{policy.name}@{policy.version}"
+        self.key = load_signing_key(settings.signing_key)
+        self.evaluator = build_evaluator(settings, policy, Keyring.load(settings.trust), self.key)
+        self.provider = load_provider(settings.provider, max_donors_per_scope=settings.max_donors_per_scope)
+        self.detokenize = load_detokenizer(settings.detokenizer, tokenizer_path)
+        self.donors: dict[str, Any] = {}
+        self._table = threading.Lock()  # NOTE: the provider and the donor table, between two threads
+        self._write = threading.Lock()
+        self._todo: queue.SimpleQueue[tuple[Any, str] | None] = queue.SimpleQueue()
+        self._worker = threading.Thread(target=self._register_loop, name="semgov-donors", daemon=True)
+        self._worker.start()
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        with self._write:
+            send(self.out, msg)
+
+    def serve(self, inp: IO[bytes]) -> int:
+        from semgov._internal.log import get_logger
+
+        while True:
+            msg = recv(inp)
+            kind = msg[0]
+            if kind == "stop":
+                self._todo.put(None)
+                self._worker.join()
+                return 0
+            try:
+                self.handle(msg)
+            except Exception as e:  # noqa: BLE001 - one bad message decides nothing; the process goes on
+                get_logger().warning(
+                    "semgov decision process error", kind=kind, error=f"{type(e).__name__}: {e}"
+                )
+                if kind == "decide":
+                    self.send(("decided", msg[1], [], [], f"{type(e).__name__}: {e}"))
+                elif kind == "event":
+                    self.send(("event", msg[1], None, f"{type(e).__name__}: {e}"))
+                elif kind == "ping":
+                    self.send(("pong", msg[1]))
+
+    def handle(self, msg: tuple[Any, ...]) -> None:
+        from engine_hooks.sglang.governor import evaluate_request, sign_event_job
+
+        kind = msg[0]
+        if kind == "register":
+            self._todo.put((msg[1], msg[2]))
+        elif kind == "remove":
+            with self._table:
+                self.donors.pop(msg[1], None)
+                self.provider.remove(msg[1])
+        elif kind == "decide":
+            _, seq, request_id, ctx, scope, token_ids, text, limit = msg
+            with self._table:
+                found = candidate_entries(
+                    self.donors, scope, self.provider.query(scope, token_ids, text, limit=limit)
+                )
+            decisions = (
+                evaluate_request(self.evaluator, datetime.now(UTC), request_id, ctx, token_ids, text, found)
+                if found
+                else []
+            )
+            self.send(("decided", seq, [(e.donor_id, sim) for e, sim in found], decisions, None))
+        elif kind == "event":
+            self.send(("event", msg[1], sign_event_job(msg[2], self.engine, self.key).canonical, None))
+        elif kind == "ping":
+            self.send(("pong", msg[1]))
+        else:
+            raise ValueError(f"unknown message {kind!r}")
+
+    def _register_loop(self) -> None:
+        from engine_hooks.sglang.governor import build_donor_entry
+
+        while (job := self._todo.get()) is not None:
+            spec, scope = job
+            try:
+                entry = build_donor_entry(
+                    spec,
+                    scope,
+                    evaluator=self.evaluator,
+                    detokenize=self.detokenize,
+                    signing_key=self.key,
+                    policy_version=self.policy_version,
+                    ttl_s=self.settings.donor_ttl_s,
+                    now=datetime.now(UTC),
+                )
+                with self._table:
+                    self.donors[entry.donor_id] = entry
+                    self.provider.add(entry.donor_id, entry.scope, entry.token_ids, entry.prompt.text)
+            except Exception as e:  # noqa: BLE001 - a donor that cannot be registered is simply not a donor
+                self.send(("registered", spec.donor_id, f"{type(e).__name__}: {e}"))
+                continue
+            self.send(("registered", entry.donor_id, None))
+
+
+def _serve(inp: IO[bytes], out: IO[bytes]) -> int:
     try:
         init = recv(inp)
         if not (isinstance(init, tuple) and init[:1] == ("init",) and isinstance(init[1], HookSettings)):
             raise ValueError(f"expected the hook's settings first, got {type(init).__name__}")
-        settings = init[1]
-        policy = load_policy_source(settings.policy)
-        evaluator = build_evaluator(
-            settings, policy, Keyring.load(settings.trust), load_signing_key(settings.signing_key)
-        )
-        provider = load_provider(settings.provider, max_donors_per_scope=settings.max_donors_per_scope)
+        _, settings, tokenizer_path, engine = init
+        child = _Child(out, settings, tokenizer_path, engine)
     except Exception as e:  # noqa: BLE001 - reported to the parent, which refuses to build
         send(out, ("error", f"{type(e).__name__}: {e}"))
         return 1
-    send(out, ("ready", os.getpid()))
-    donors: dict[str, Any] = {}
-    while True:
-        msg = recv(inp)
-        kind = msg[0]
-        if kind == "stop":
-            return 0
-        try:
-            if kind == "add":
-                entry = msg[1]
-                donors[entry.donor_id] = entry
-                provider.add(entry.donor_id, entry.scope, entry.token_ids, entry.prompt.text)
-                evaluator.ctx.donors.get(entry.prompt)  # its tokens and hashes, prepared once, here
-            elif kind == "remove":
-                donors.pop(msg[1], None)
-                provider.remove(msg[1])
-            elif kind == "decide":
-                _, request_id, ctx, scope, token_ids, text, limit = msg
-                found = candidate_entries(donors, scope, provider.query(scope, token_ids, text, limit=limit))
-                decisions = (
-                    evaluate_request(evaluator, datetime.now(UTC), request_id, ctx, token_ids, text, found)
-                    if found
-                    else []
-                )
-                send(out, ("decided", [(e.donor_id, sim) for e, sim in found], decisions, None))
-        except Exception as e:  # noqa: BLE001 - one bad request decides nothing; the process goes on
-            get_logger().warning("semgov decision process error", kind=kind, error=f"{type(e).__name__}: {e}")
-            if kind == "decide":
-                send(out, ("decided", [], [], f"{type(e).__name__}: {e}"))
+    child.send(("ready", os.getpid()))
+    return child.serve(inp)
 
 
 def main() -> int:

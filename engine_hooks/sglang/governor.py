@@ -5,26 +5,27 @@
 
 - a request's context comes from a gateway-signed token (:mod:`engine_hooks.sglang.context`);
 - a finished request becomes a donor through :meth:`Governor.submit_donor`: its PII scan and the
-  signing of its provenance run on a background thread (off the scheduler), and the finished
-  entry reaches the candidate provider when the scheduler thread next calls
-  :meth:`Governor.drain_donors`;
+  signing of its provenance run off the scheduler (in the decision process, or on the
+  registration thread without it), and the scheduler sees the donor (:class:`LiveDonor`) when it
+  next calls :meth:`Governor.drain_donors`;
 - :meth:`Governor.decide` builds the ``CapturedRequest`` for one recipient and its candidates and
   runs :class:`semgov.decide.Evaluator` (every gate, every time; any error is a signed deny);
   :meth:`Governor.decide_later` queues the same work for the decision thread (``semgov-decide``)
   and returns a :class:`PendingDecision` the scheduler thread polls, never waits on; with the
   decision process (:mod:`engine_hooks.sglang.decider`, the default) that thread only forwards
-  requests and donors to it and audits the decisions it answers with;
-- :meth:`Governor.event` only queues a plain event: the decision thread builds and signs it, in
-  order after the decisions queued before it (the vLLM ``take_events`` pattern: no signing on the
-  scheduler thread);
+  jobs to it and a reader thread audits the decisions it answers with;
+- :meth:`Governor.event` only queues a plain event: it is built and signed off the scheduler
+  thread (decision process or decision thread), in order after the decisions queued before it
+  (the vLLM ``take_events`` pattern: no signing on the scheduler thread);
 - every decision record and engine event is appended to the audit log, which only queues it:
   its own writer thread makes it durable (group commit), never the scheduler.
 
 NOTE: invariants:
-- Only the scheduler thread changes the donor registry; the registration thread only builds
-  immutable :class:`DonorEntry` objects and hands them over by queue. Only one thread touches the
-  candidate provider: the decision thread (the scheduler thread queues its ``add``/``remove``
-  there, in order with the queries), or the calling thread without one.
+- Only the scheduler thread changes the donor registry; the registration thread (or the decision
+  process's reader thread) only builds immutable donor objects and hands them over by queue. In
+  this process only one thread touches the candidate provider: the decision thread (the scheduler
+  thread queues its ``add``/``remove`` there, in order with the queries), or the calling thread
+  without one; with the decision process, the provider lives there only.
 - A donor is registered only from a request with a verified context that finished normally
   and never received reused KV itself.
 - A :class:`PendingDecision` is written only by the decision thread and read by the scheduler
@@ -33,6 +34,7 @@ NOTE: invariants:
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -114,19 +116,26 @@ class DonorSpec:
     context: RequestContext
     cache_key: str
     cache_salt: str | None
-    token_ids: tuple[int, ...]
+    token_ids: Sequence[int]  # an array('q'): copied once from SGLang's prompt, never changed
     text: str | None
 
 
 @dataclass(frozen=True, slots=True)
-class DonorEntry:
-    """A registered donor: its prompt, signed provenance and where its KV lives in the tree."""
+class LiveDonor:
+    """What the scheduler side keeps of a registered donor: its identity and where its KV lives
+    in the tree (with the decision process, its prompt and provenance live only there)."""
 
     donor_id: str
     scope: str
     cache_key: str
     cache_salt: str | None
     token_ids: Sequence[int]  # an array('q') built once at registration (SGLang's own token type)
+
+
+@dataclass(frozen=True, slots=True)
+class DonorEntry(LiveDonor):
+    """A registered donor as the deciding side holds it: plus its prompt and signed provenance."""
+
     prompt: Prompt
     provenance: dict[str, Any]
     registered_at: datetime
@@ -143,7 +152,7 @@ class PendingDecision:
     token_ids: Sequence[int]
     text: str | None
     queued_at: float = 0.0  # time.monotonic() when queued
-    candidates: list[tuple[DonorEntry, float]] = field(default_factory=list)
+    candidates: list[tuple[LiveDonor, float]] = field(default_factory=list)
     decisions: list[SignedDecision] = field(default_factory=list)
     decided_s: float = 0.0  # seconds the decision thread spent on it
     done: bool = False
@@ -158,6 +167,13 @@ class _ProviderOp:
 
 
 @dataclass(frozen=True, slots=True)
+class _Register:
+    """A finished request to register as a donor in the decision process."""
+
+    spec: DonorSpec
+
+
+@dataclass(frozen=True, slots=True)
 class _EventJob:
     """An engine event as the scheduler thread queued it: built and signed on the decision thread."""
 
@@ -166,7 +182,27 @@ class _EventJob:
     fields: dict[str, Any]
 
 
-_Job = PendingDecision | _EventJob | _ProviderOp | threading.Event  # Event: a wait_idle marker
+_Job = PendingDecision | _EventJob | _ProviderOp | _Register | threading.Event  # Event: a wait_idle marker
+
+
+def sign_event_job(job: _EventJob, engine_name: str, key: SigningKey) -> SignedEvent:
+    """Build and sign one queued engine event (the decision thread, or the decision process)."""
+    f = job.fields
+    return sign_engine_event(
+        engine_event(
+            job.kind,
+            engine=engine_name,
+            request_id=f["request_id"],
+            decision_id=f["decision_id"],
+            donor_id=f["donor_id"],
+            materialized_tokens=f["materialized_tokens"],
+            slots=list(f["slots"]),
+            spans=list(f["spans"]),
+            detail=f["detail"],
+            at=job.at,
+        ),
+        key,
+    )
 
 
 def prompt_of(token_ids: Sequence[int], text: str | None, ctx: RequestContext) -> Prompt:
@@ -232,6 +268,55 @@ def evaluate_request(
         }
     )
     return evaluator.evaluate(req, now=now)
+
+
+def build_donor_entry(
+    spec: DonorSpec,
+    scope: str,
+    *,
+    evaluator: Evaluator,
+    detokenize: Detokenize | None,
+    signing_key: SigningKey,
+    policy_version: str,
+    ttl_s: int,
+    now: datetime,
+) -> DonorEntry:
+    """A finished request as a donor: its text (detokenized), PII scan and signed provenance.
+
+    Runs off the scheduler (the registration thread, or the decision process). Raises when the
+    donor cannot be registered (it is then simply not a donor).
+    """
+    text = spec.text
+    if text is None and detokenize is not None:
+        text = detokenize(spec.token_ids)
+    prompt = prompt_of(spec.token_ids, text, spec.context)
+    found = evaluator.register_donor(prompt)
+    payload = provenance_payload(
+        donor_id=spec.donor_id,
+        tenant=spec.context.tenant,
+        namespace=spec.context.namespace,
+        task=spec.context.task,
+        response_contract=spec.context.response_contract,
+        created_at=now,
+        expires_at=now + timedelta(seconds=ttl_s),
+        policy_version=policy_version,
+        token_ids=spec.token_ids,
+        segments=prompt.segments,
+        text=prompt.text,
+        pii_entities=sorted(found) if found is not None else (),
+        pii_scanned=found is not None,
+    )
+    ids = spec.token_ids
+    return DonorEntry(
+        donor_id=spec.donor_id,
+        scope=scope,
+        cache_key=spec.cache_key,
+        cache_salt=spec.cache_salt,
+        token_ids=ids if isinstance(ids, array) and ids.typecode == "q" else array("q", ids),
+        prompt=prompt,
+        provenance=sign_provenance(payload, signing_key),
+        registered_at=now,
+    )
 
 
 class Governor:
@@ -302,24 +387,36 @@ class Governor:
         self.audit_broken: str | None = None
         self._tickets: OrderedDict[str, Ticket] = OrderedDict()
         self._tickets_lock = threading.Lock()
-        self._donors: dict[str, DonorEntry] = {}
+        self._donors: dict[str, LiveDonor] = {}
         self._by_scope: dict[str, OrderedDict[str, None]] = {}
-        self._ready: queue.SimpleQueue[DonorEntry] = queue.SimpleQueue()
+        self._ready: queue.SimpleQueue[LiveDonor] = queue.SimpleQueue()
         self._todo: queue.SimpleQueue[DonorSpec | None] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         self._pending = 0
         self._pending_cv = threading.Condition()
-        if settings.async_registration:
-            self._worker = threading.Thread(target=self._register_loop, name="semgov-donors", daemon=True)
-            self._worker.start()
         self.audit_failures = 0
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._decider: threading.Thread | None = None
         self.decision_batches = 0
         self.remote: DecisionProcess | None = None
         self.remote_broken_logged = False
-        if settings.async_decisions and settings.decision_process:
-            self.remote = DecisionProcess(settings)
+        self._inflight: dict[int, PendingDecision] = {}
+        self._registering: dict[str, tuple[DonorSpec, str]] = {}
+        self._pings: dict[int, threading.Event] = {}
+        self._events: dict[int, _EventJob] = {}
+        self._remote_lock = threading.Lock()  # NOTE: guards the four tables above
+        self._seq = itertools.count(1)
+        if remote:
+            self.remote = DecisionProcess(
+                settings,
+                tokenizer_path,
+                on_message=self._on_remote,
+                on_broken=self._remote_failed,
+                engine_name=engine_name,
+            )
+        elif settings.async_registration:
+            self._worker = threading.Thread(target=self._register_loop, name="semgov-donors", daemon=True)
+            self._worker.start()
         if settings.async_decisions:
             self._decider = threading.Thread(target=self._decide_loop, name="semgov-decide", daemon=True)
             self._decider.start()
@@ -360,65 +457,54 @@ class Governor:
     # ---- donors ----------------------------------------------------------------------------
 
     def submit_donor(self, spec: DonorSpec) -> None:
-        """Queue a finished request for registration (synchronous when async registration is off)."""
-        if self._worker is None:
-            self._register(spec)
-            return
+        """Queue a finished request for registration: in the decision process when there is one,
+        else on the registration thread (synchronous when async registration is off: then the
+        call also waits for the decision process, for tests that step the cache by hand)."""
         with self._pending_cv:
             self._pending += 1
-        self._todo.put(spec)
+        if self.remote is not None:
+            self._jobs.put(_Register(spec))
+            if not self.settings.async_registration:
+                self.wait_registrations()
+        elif self._worker is None:
+            self._register(spec)
+        else:
+            self._todo.put(spec)
 
     def _register_loop(self) -> None:
         while True:
             spec = self._todo.get()
             if spec is None:
                 return
-            try:
-                self._register(spec)
-            finally:
-                with self._pending_cv:
-                    self._pending -= 1
-                    self._pending_cv.notify_all()
+            self._register(spec)
 
     def _register(self, spec: DonorSpec) -> None:
         try:
-            text = spec.text
-            if text is None and self.detokenize is not None:
-                text = self.detokenize(spec.token_ids)
-            prompt = prompt_of(spec.token_ids, text, spec.context)
-            found = self.evaluator.register_donor(prompt)
-            now = self.clock()
-            payload = provenance_payload(
-                donor_id=spec.donor_id,
-                tenant=spec.context.tenant,
-                namespace=spec.context.namespace,
-                task=spec.context.task,
-                response_contract=spec.context.response_contract,
-                created_at=now,
-                expires_at=now + timedelta(seconds=self.settings.donor_ttl_s),
+            entry = build_donor_entry(
+                spec,
+                spec.context.scope(self.context_key, spec.cache_salt),
+                evaluator=self.evaluator,
+                detokenize=self.detokenize,
+                signing_key=self.signing_key,
                 policy_version=self.policy_version,
-                token_ids=spec.token_ids,
-                segments=prompt.segments,
-                text=prompt.text,
-                pii_entities=sorted(found) if found is not None else (),
-                pii_scanned=found is not None,
-            )
-            entry = DonorEntry(
-                donor_id=spec.donor_id,
-                scope=spec.context.scope(self.context_key, spec.cache_salt),
-                cache_key=spec.cache_key,
-                cache_salt=spec.cache_salt,
-                token_ids=array("q", spec.token_ids),
-                prompt=prompt,
-                provenance=sign_provenance(payload, self.signing_key),
-                registered_at=now,
+                ttl_s=self.settings.donor_ttl_s,
+                now=self.clock(),
             )
         except Exception as e:  # noqa: BLE001 - a donor that cannot be registered is simply not a donor
             get_logger().warning(
                 "donor registration failed", donor_id=spec.donor_id, error=f"{type(e).__name__}: {e}"
             )
+            self._registration_done(spec.donor_id, False)
             return
         self._ready.put(entry)
+        self._registration_done(spec.donor_id, True)
+
+    def _registration_done(self, donor_id: str, registered: bool) -> None:
+        """One registration finished (the donor is drained on the scheduler's next round, if
+        ``registered``): in either mode, the one place that says so."""
+        with self._pending_cv:
+            self._pending -= 1
+            self._pending_cv.notify_all()
 
     def drain_donors(self) -> int:
         """Scheduler thread: make registered donors visible to the provider. Returns how many."""
@@ -435,7 +521,8 @@ class Governor:
                 self.drop_donor(next(iter(scope)))
             self._donors[entry.donor_id] = entry
             scope[entry.donor_id] = None
-            self._provider_op(_ProviderOp(entry, None))
+            if isinstance(entry, DonorEntry):  # NOTE: the decision process added its own already
+                self._provider_op(_ProviderOp(entry, None))
             n += 1
 
     def wait_registrations(self, timeout: float = 30.0) -> bool:
@@ -443,7 +530,7 @@ class Governor:
         with self._pending_cv:
             return self._pending_cv.wait_for(lambda: self._pending == 0, timeout)
 
-    def donor(self, donor_id: str) -> DonorEntry | None:
+    def donor(self, donor_id: str) -> LiveDonor | None:
         return self._donors.get(donor_id)
 
     def drop_donor(self, donor_id: str) -> None:
@@ -466,7 +553,8 @@ class Governor:
     def _apply(self, op: _ProviderOp) -> None:
         """Decision thread (or the caller without one): the one place the provider is changed."""
         if self.remote is not None:
-            self.remote.tell(("add", op.add) if op.add is not None else ("remove", op.remove))
+            if op.remove is not None:
+                self._tell(("remove", op.remove))
             return
         assert self.provider is not None
         try:
@@ -501,7 +589,11 @@ class Governor:
         assert self.provider is not None
         scope = ctx.scope(self.context_key, cache_salt)
         matches = self.provider.query(scope, token_ids, text, limit=self.settings.max_candidates)
-        return candidate_entries(self._donors, scope, matches)
+        return [
+            (e, sim)
+            for e, sim in candidate_entries(self._donors, scope, matches)
+            if isinstance(e, DonorEntry)
+        ]
 
     # ---- decisions -------------------------------------------------------------------------
 
@@ -556,13 +648,14 @@ class Governor:
     def _run_decision(self, job: PendingDecision) -> None:
         t0 = time.perf_counter()
         try:
-            if self.remote is not None:
-                self._run_remote(job)
-                return
-            job.candidates = self.candidates(job.context, job.cache_salt, job.token_ids, job.text)
+            job.candidates = list(self.candidates(job.context, job.cache_salt, job.token_ids, job.text))
             if job.candidates:
                 job.decisions = self.decide(
-                    job.request_id, job.context, job.token_ids, job.text, job.candidates
+                    job.request_id,
+                    job.context,
+                    job.token_ids,
+                    job.text,
+                    [(e, sim) for e, sim in job.candidates if isinstance(e, DonorEntry)],
                 )
         except Exception as e:  # noqa: BLE001 - no candidates, no decision: the request runs cold
             job.candidates, job.decisions = [], []
@@ -572,36 +665,6 @@ class Governor:
         finally:
             job.decided_s = time.perf_counter() - t0
             job.done = True  # NOTE: last: the scheduler thread reads the job only after this
-
-    def _run_remote(self, job: PendingDecision) -> None:
-        """Decide ``job`` in the decision process; audit and keep what it answered."""
-        assert self.remote is not None
-        if self.audit_broken is not None:
-            return
-        scope = job.context.scope(self.context_key, job.cache_salt)
-        tokens = job.token_ids if isinstance(job.token_ids, array) else array("q", job.token_ids)
-        msg = ("decide", job.request_id, job.context, scope, tokens, job.text, self.settings.max_candidates)
-        answer = self.remote.ask(msg)
-        if answer is None:
-            if not self.remote_broken_logged:
-                self.remote_broken_logged = True
-                get_logger().error(
-                    "semgov decision process failed: semantic reuse is off, serving cold",
-                    error=self.remote.broken,
-                )
-            return
-        _, found, decisions, error = answer
-        if error is not None:
-            get_logger().warning("semgov decision failed", request_id=job.request_id, error=error)
-        self.record_decisions(decisions)
-        # NOTE: every decision is audited; only those whose donor is still registered are acted on.
-        kept = [
-            ((entry, sim), d)
-            for (donor_id, sim), d in zip(found, decisions, strict=False)
-            if (entry := self._donors.get(donor_id)) is not None and d.donor_id == donor_id
-        ]
-        job.candidates = [c for c, _ in kept]
-        job.decisions = [d for _, d in kept]
 
     def _decide_loop(self) -> None:
         """The decision thread: take everything queued at once (a batch), in order, then wait again."""
@@ -617,16 +680,152 @@ class Governor:
                 if job is None:
                     return
                 try:
-                    if isinstance(job, PendingDecision):
+                    if self.remote is not None:
+                        self._forward(job)
+                    elif isinstance(job, PendingDecision):
                         self._run_decision(job)
                     elif isinstance(job, _ProviderOp):
                         self._apply(job)
                     elif isinstance(job, _EventJob):
                         self._sign_event(job)
-                    else:
+                    elif isinstance(job, threading.Event):
                         job.set()  # wait_idle: everything queued before it is done
                 except Exception as e:  # noqa: BLE001 - both fail closed themselves; this is a bug
                     get_logger().error("semgov decision thread error", error=f"{type(e).__name__}: {e}")
+
+    # ---- the decision process (decision thread sends, its reader thread receives) -----------
+
+    def _forward(self, job: _Job) -> None:
+        """Decision thread: hand one job to the decision process without waiting for its answer.
+
+        NOTE: each job is entered in its table before it is sent, so its answer always finds it;
+        a job the process can no longer answer is finished here or by :meth:`_remote_failed`.
+        """
+        if isinstance(job, _ProviderOp):
+            self._apply(job)
+        elif isinstance(job, _EventJob):
+            seq = next(self._seq)
+            with self._remote_lock:
+                self._events[seq] = job
+            self._tell(("event", seq, job))
+        elif isinstance(job, _Register):
+            spec = job.spec
+            scope = spec.context.scope(self.context_key, spec.cache_salt)
+            with self._remote_lock:
+                self._registering[spec.donor_id] = (spec, scope)
+            self._tell(("register", spec, scope))
+        elif isinstance(job, threading.Event):
+            seq = next(self._seq)
+            with self._remote_lock:
+                self._pings[seq] = job
+            self._tell(("ping", seq))
+        elif isinstance(job, PendingDecision):
+            if self.audit_broken is not None:
+                job.decided_s, job.done = time.monotonic() - job.queued_at, True
+                return
+            seq = next(self._seq)
+            ids = job.token_ids
+            tokens = ids if isinstance(ids, array) and ids.typecode == "q" else array("q", ids)
+            scope = job.context.scope(self.context_key, job.cache_salt)
+            with self._remote_lock:
+                self._inflight[seq] = job
+            self._tell(
+                (
+                    "decide",
+                    seq,
+                    job.request_id,
+                    job.context,
+                    scope,
+                    tokens,
+                    job.text,
+                    self.settings.max_candidates,
+                )
+            )
+
+    def _tell(self, msg: tuple[Any, ...]) -> None:
+        assert self.remote is not None
+        if not self.remote.tell(msg):
+            self._remote_failed()
+
+    def _on_remote(self, msg: tuple[Any, ...]) -> None:
+        """The decision process's reader thread: one answer (in the order the process made them)."""
+        kind = msg[0]
+        if kind == "decided":
+            _, seq, found, decisions, error = msg
+            with self._remote_lock:
+                job = self._inflight.pop(seq, None)
+            if error is not None:
+                get_logger().warning(
+                    "semgov decision failed", request_id=getattr(job, "request_id", None), error=error
+                )
+            self.record_decisions(decisions)
+            if job is None:
+                return
+            # NOTE: every decision is audited; only those whose donor is still registered are acted on.
+            kept = [
+                ((entry, sim), d)
+                for (donor_id, sim), d in zip(found, decisions, strict=False)
+                if (entry := self._donors.get(donor_id)) is not None and d.donor_id == donor_id
+            ]
+            job.candidates = [c for c, _ in kept]
+            job.decisions = [d for _, d in kept]
+            job.decided_s = time.monotonic() - job.queued_at
+            job.done = True  # NOTE: last
+        elif kind == "registered":
+            _, donor_id, error = msg
+            with self._remote_lock:
+                pending = self._registering.pop(donor_id, None)
+            if pending is None:
+                return
+            spec, scope = pending
+            if error is None:
+                self._ready.put(LiveDonor(donor_id, scope, spec.cache_key, spec.cache_salt, spec.token_ids))
+            else:
+                get_logger().warning("donor registration failed", donor_id=donor_id, error=error)
+            self._registration_done(donor_id, error is None)
+        elif kind == "event":
+            _, seq, record, error = msg
+            with self._remote_lock:
+                event = self._events.pop(seq, None)
+            if record is not None:
+                self._append(record)
+            else:
+                self.audit_failures += 1
+                get_logger().error(
+                    "semgov engine event not audited", kind=getattr(event, "kind", None), error=error
+                )
+        elif kind == "pong":
+            with self._remote_lock:
+                ping = self._pings.pop(msg[1], None)
+            if ping is not None:
+                ping.set()
+
+    def _remote_failed(self) -> None:
+        """The decision process is gone (either thread): finish everything it still owed, once logged.
+
+        NOTE: its requests are done with no decision (they run cold), its registrations fail, the
+        engine events it had not signed are signed here; nothing waits on a dead process.
+        """
+        with self._remote_lock:
+            jobs, self._inflight = list(self._inflight.values()), {}
+            regs, self._registering = list(self._registering), {}
+            pings, self._pings = list(self._pings.values()), {}
+            events, self._events = list(self._events.values()), {}
+            first = not self.remote_broken_logged
+            self.remote_broken_logged = True
+        if first:
+            get_logger().error(
+                "semgov decision process failed: semantic reuse is off, serving cold",
+                error=self.remote.broken if self.remote is not None else "failed at start",
+            )
+        for event in events:
+            self._sign_event(event)  # NOTE: engine events are never lost with the process: signed here
+        for job in jobs:
+            job.decided_s, job.done = time.monotonic() - job.queued_at, True
+        for donor_id in regs:
+            self._registration_done(donor_id, False)
+        for ping in pings:
+            ping.set()
 
     def decision_durable(self, decision_id: str, timeout: float) -> bool:
         """Whether an allow decision's record is durable in the audit log (waits up to ``timeout``).
@@ -689,22 +888,7 @@ class Governor:
 
     def _sign_event(self, job: _EventJob) -> SignedEvent | None:
         try:
-            f = job.fields
-            signed = sign_engine_event(
-                engine_event(
-                    job.kind,
-                    engine=self.engine_name,
-                    request_id=f["request_id"],
-                    decision_id=f["decision_id"],
-                    donor_id=f["donor_id"],
-                    materialized_tokens=f["materialized_tokens"],
-                    slots=list(f["slots"]),
-                    spans=list(f["spans"]),
-                    detail=f["detail"],
-                    at=job.at,
-                ),
-                self.signing_key,
-            )
+            signed = sign_event_job(job, self.engine_name, self.signing_key)
         except Exception as e:  # noqa: BLE001 - auditing must not take the scheduler down
             self.audit_failures += 1
             get_logger().error(
@@ -754,5 +938,9 @@ class Governor:
             self._decider.join(timeout=30)
             self._decider = None
         if self.remote is not None:
-            self.remote.close()
+            self.remote.close()  # NOTE: after the child's last answer has been read
+            with self._remote_lock:
+                owed = bool(self._inflight or self._registering or self._pings or self._events)
+            if owed:
+                self._remote_failed()
         self.audit.close()

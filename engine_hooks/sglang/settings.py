@@ -59,13 +59,14 @@ class HookSettings:
     strict: bool = False
     """Raise on an invariant violation (tests); production disables reuse and keeps serving cold."""
     async_registration: bool = True
-    """Register donors (PII scan, provenance signing) on a background thread, off the scheduler."""
+    """Register donors (PII scan, provenance signing) off the scheduler: in the decision process, or
+    on a background thread without it (off: the scheduler thread waits for each registration)."""
     async_decisions: bool = True
     """Decide and sign engine events on the decision thread, off the scheduler (off: inline, for
     tests that step the cache by hand)."""
     decision_process: bool = True
-    """With async decisions: search candidates and decide in a child process
-    (:mod:`engine_hooks.sglang.decider`), outside the scheduler's interpreter lock."""
+    """With async decisions: register donors, search candidates, decide and sign engine events in a
+    child process (:mod:`engine_hooks.sglang.decider`), outside the scheduler's interpreter lock."""
     audit_keyring: Path | None = None
     """Audit keyring (docs/formats.md) of other keys whose seals and checkpoints the audit log may end in:
     after rotating ``SEMGOV_SIGNING_KEY``, the previous key (docs/operations.md)."""

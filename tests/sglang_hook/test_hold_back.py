@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from array import array
 from types import SimpleNamespace
 from typing import Any
 
@@ -235,3 +236,68 @@ def test_a_dead_decision_process_turns_reuse_off_without_raising(make_harness: A
     assert gov.remote.broken is not None
     assert capfd.readouterr().err.count("semgov decision process failed") == 1
     h.assert_clean()
+
+
+def test_the_decision_process_registers_donors_and_signs_events_not_the_scheduler_process(
+    make_harness: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the decision process, no PII scan, provenance or event signing runs in the scheduler process."""
+    h = make_harness(SEMGOV_DECISION_PROCESS="1")
+    gov = h.tree.gov
+    calls: list[str] = []
+    monkeypatch.setattr(gov.evaluator, "register_donor", lambda *a, **k: calls.append("scan"))
+    monkeypatch.setattr(governor_mod, "sign_provenance", lambda *a, **k: calls.append("provenance"))
+    monkeypatch.setattr(governor_mod, "sign_engine_event", lambda *a, **k: calls.append("event"))
+    b = blocks()
+    run_donor(h, b)
+    assert gov.donor_count() == 0 and gov.wait_registrations(30)
+    rcp = new_recipient(h, b)
+    h.run(rcp)  # its first round drains the donor the child registered
+    assert rcp.prefix_len == S_LEN + E_LEN
+    h.finish(rcp)
+    recs = h.records()
+    [real] = [r for r in recs if r.get("kind") == "realization"]
+    [dec] = [r for r in recs if r["schema"] == "semgov.decision/v1"]
+    assert real["decision_id"] == dec["decision_id"] and real["key_id"] == gov.signing_key.key_id
+    assert calls == []
+    h.close()
+    assert gov.remote.proc.returncode == 0
+
+
+def test_decisions_in_flight_together_are_each_answered_to_their_own_request(make_harness: Any) -> None:
+    """Three recipients queued in one round get their own decisions, over their own donors."""
+    h = make_harness(SEMGOV_DECISION_PROCESS="1")
+    bs = [blocks(seed=s) for s in (11, 12, 13)]
+    for i, b in enumerate(bs):
+        run_donor(h, b, rid=f"donor{i}")
+    rcps = [new_recipient(h, b, rid=f"rcp{i}") for i, b in enumerate(bs)]
+    for r in rcps:
+        r.init_next_round_input(h.tree)  # queues all three before any answer is read
+    for r in rcps:
+        h.hold(r)
+    for i, r in enumerate(rcps):
+        st = state_of(r)
+        assert st is not None and st.chosen is not None and st.donor is not None
+        assert st.chosen.record["request_id"] == st.label == f"rcp{i}"
+        assert st.donor.donor_id == st.chosen.donor_id
+        assert st.donor.token_ids == array("q", bs[i].donor().tokens)
+    assert len({state_of(r).donor.donor_id for r in rcps}) == 3  # type: ignore[union-attr]
+    for r in rcps:
+        h.run(r)
+        assert r.prefix_len == S_LEN + E_LEN
+        h.finish(r)
+    h.assert_clean()
+
+
+def test_events_still_owed_by_a_dead_decision_process_are_signed_here(make_harness: Any) -> None:
+    """The child gone: an engine event queued afterwards is signed in the scheduler process and audited."""
+    h = make_harness(SEMGOV_DECISION_PROCESS="1")
+    gov = h.tree.gov
+    gov.remote.proc.kill()
+    gov.remote.proc.wait(10)
+    gov.event("invariant_violation", detail="probe after the child died")
+    assert gov.wait_idle(30)
+    gov.audit.flush()
+    recs = h.records()
+    assert [r["detail"] for r in recs if r.get("kind") == "invariant_violation"] == ["probe after the child died"]
+    assert gov.remote.broken is not None

@@ -14,7 +14,8 @@ server's ``PYTHONPATH``; SGLang runs it in the launcher, the scheduler and the d
   slots and the donor slots they were copied from, with the pieces), and at release (the
   request's whole row, before it is freed). A test then compares them with a cold prefill's.
 - With ``SEMGOV_RIG_DONOR_LOG=FILE``, it appends ``s`` to ``FILE`` for every donor the hook
-  queues for registration and ``r`` when the registration thread is done with it, so the rig
+  queues for registration and ``r`` when its registration is done (in the decision process or on
+  the registration thread: ``Governor._registration_done``), so the rig
   can wait for registrations deterministically (:func:`tests.sglang_server.rig.settle`).
 - With ``SEMGOV_RIG_SCHED_LOG=FILE``, it appends one line per finished request the hook
   tracked: semgov's scheduler-thread nanoseconds for it (``_State.sched_ns``), and the seconds
@@ -81,12 +82,12 @@ def _install_donor_log(path: Path) -> None:
     def before_submit(gov: Any, spec: Any) -> None:
         mark(b"s")
 
-    def after_register(result: Any, gov: Any, spec: Any) -> Any:
+    def after_registration(result: Any, gov: Any, donor_id: str, registered: bool) -> Any:
         mark(b"r")
         return result
 
     HookRegistry.register(f"{target}.submit_donor", before_submit, HookType.BEFORE)
-    HookRegistry.register(f"{target}._register", after_register, HookType.AFTER)
+    HookRegistry.register(f"{target}._registration_done", after_registration, HookType.AFTER)
 
 
 def _layers(pool: Any, slots: Any) -> dict[str, Any]:
