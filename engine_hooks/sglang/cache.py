@@ -76,8 +76,9 @@ from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 from engine_hooks.sglang.context import KEY_PREFIX, RequestContext, anonymous_cache_key
 from engine_hooks.sglang.governor import DonorSpec, Governor, LiveDonor, PendingDecision
 from engine_hooks.sglang.guard import InvariantGuard, InvariantViolation
-from engine_hooks.sglang.kv_copy import RopeSpec, copy_kv
+from engine_hooks.sglang.kv_copy import copy_kv
 from engine_hooks.sglang.plan import Piece, plan_pieces, planned_tokens, request_label
+from engine_hooks.sglang.rope import RopeSpec
 from semgov._internal.log import get_logger
 from semgov.decide import SignedDecision
 

@@ -61,7 +61,8 @@ def build_governed_cache(ctx: Any, settings: HookSettings | None = None) -> Any:
 
     from engine_hooks.sglang.cache import GovernedRadixCache
     from engine_hooks.sglang.governor import Governor
-    from engine_hooks.sglang.kv_copy import RopeSpec
+    from engine_hooks.sglang.rope import RopeSpec
+    from semgov._internal.log import get_logger
 
     problems = unsupported(ctx)
     if problems:
@@ -70,7 +71,16 @@ def build_governed_cache(ctx: Any, settings: HookSettings | None = None) -> Any:
         )
     settings = settings if settings is not None else HookSettings.from_env()
     hf_config = getattr(ctx.model_config, "hf_config", None)
-    rope = RopeSpec.from_hf_config(hf_config) if hf_config is not None else None
+    model = getattr(getattr(getattr(ctx, "tp_worker", None), "model_runner", None), "model", None)
+    rope = RopeSpec.for_model(hf_config, model) if hf_config is not None else None
+    get_logger().info(
+        "semgov radix cache: shifted spans "
+        + (
+            f"re-rotated ({rope.scaling} RoPE)"
+            if rope is not None
+            else "refused (RoPE not re-rotatable here)"
+        )
+    )
     server_args = ctx.server_args
     tokenizer_path = getattr(server_args, "tokenizer_path", None) or getattr(server_args, "model_path", None)
     governor = Governor(

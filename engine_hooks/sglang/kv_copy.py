@@ -10,11 +10,13 @@ the recipient owns:
   rotations compose, so rotating a stored key by ``delta * inv_freq[i]`` gives exactly the key
   RoPE would have produced at ``p + delta``. Values carry no position and are copied unchanged.
 
-Only plain RoPE is re-rotated (:meth:`RopeSpec.from_hf_config` answers ``None`` for anything
-else: scaled, per-layer or multimodal RoPE, or a model whose SGLang implementation is not known
-here), and only SGLang's plain ``MHATokenToKVPool`` with unquantized 16/32-bit buffers is
-written (:func:`supported_pool`). Everything is checked before the first write; a refused copy
-raises ``ValueError`` and leaves the pool untouched.
+Only RoPE whose angle is linear in the position is re-rotated: plain, linear, llama3 and static
+YaRN scaling, with the frequencies taken from the model's own rotary embedding
+(:mod:`engine_hooks.sglang.rope` answers ``None`` for anything else: dynamic NTK, per-layer or
+multimodal RoPE, or a model whose SGLang implementation is not known here; shifted spans of
+such a model are then refused and run cold), and only SGLang's plain ``MHATokenToKVPool`` with
+unquantized 16/32-bit buffers is written (:func:`supported_pool`). Everything is checked before
+the first write; a refused copy raises ``ValueError`` and leaves the pool untouched.
 
 Pool attributes relied on (SGLang 0.5.23, ``sglang.srt.mem_cache.memory_pool``): ``start_layer``,
 ``layer_num``, ``size``, ``page_size``, ``dtype``, ``store_dtype``, ``kv_cache_layout``,
@@ -25,54 +27,17 @@ Pool attributes relied on (SGLang 0.5.23, ``sglang.srt.mem_cache.memory_pool``):
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from engine_hooks.sglang.rope import RopeSpec
 
 __all__ = ["RopeSpec", "copy_kv", "rerotate_keys", "supported_pool"]
 
 _POOL_MODULE = "sglang.srt.mem_cache.memory_pool"
 _POOL_CLASS = "MHATokenToKVPool"
 _STORE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-# Keys a plain ("default") RoPE parameter dict may carry. Anything else (mrope_section,
-# use_fope, factor, ...) changes what SGLang builds, so the config is refused.
-_PLAIN_ROPE_KEYS = frozenset(
-    {"rope_type", "type", "rope_theta", "partial_rotary_factor", "original_max_position_embeddings"}
-)
-
-
-@dataclass(frozen=True, slots=True)
-class _ModelRope:
-    """How SGLang 0.5.23's implementation of one HF ``model_type`` builds its RoPE."""
-
-    neox: bool  # rotate-half (True) or GPT-J interleaved pairs (False)
-    neox_attr: bool  # the style may be overridden by ``config.rope_is_neox_style`` (models/llama.py)
-    head_dim_attr: bool  # head_dim from ``config.head_dim``; False: hidden_size // num_attention_heads
-    partial: bool  # applies ``config.partial_rotary_factor``; False: rotary_dim = head_dim only
-    rotary_dim_attr: bool  # rotary_dim is ``config.rotary_dim`` (GPT-J)
-    default_theta: float | None  # base when the config names none; None: refuse such a config
-
-
-_LLAMA = _ModelRope(True, True, True, True, False, None)
-_QWEN = _ModelRope(True, False, True, False, False, None)
-_FIXED_HEAD_DIM = _ModelRope(True, False, False, False, False, None)
-# SGLang's models/gpt_j.py: get_rope(head_dim, config.rotary_dim, base=getattr(config, "rope_theta",
-# 10000), is_neox_style=False); 10000 is also HF's fixed GPT-J base (create_sinusoidal_positions).
-_GPTJ = _ModelRope(False, False, False, False, True, 10000.0)
-
-_MODELS: dict[str, _ModelRope] = {
-    "llama": _LLAMA,
-    "mistral": _LLAMA,  # MistralForCausalLM is LlamaForCausalLM
-    "qwen2": _QWEN,
-    "qwen3": _QWEN,
-    "qwen3_moe": _QWEN,
-    "qwen2_moe": _FIXED_HEAD_DIM,
-    "mixtral": _FIXED_HEAD_DIM,
-    "gptj": _GPTJ,
-}
 
 
 def _positive_int(value: Any) -> int | None:
@@ -81,129 +46,12 @@ def _positive_int(value: Any) -> int | None:
     return value
 
 
-@dataclass(frozen=True, slots=True)
-class RopeSpec:
-    """The plain RoPE a model applies to its keys before SGLang stores them.
-
-    ``rotary_dim`` leading dims of each ``head_dim``-wide key head are rotated (the rest pass
-    through); ``base`` is RoPE's theta; ``is_neox_style`` selects rotate-half pairs ``(i, i +
-    rotary_dim / 2)`` (Llama, Qwen, Mistral) over GPT-J's interleaved pairs ``(2i, 2i + 1)``.
-    """
-
-    rotary_dim: int
-    head_dim: int
-    base: float
-    is_neox_style: bool
-
-    def __post_init__(self) -> None:
-        if _positive_int(self.head_dim) is None:
-            raise ValueError(f"head_dim must be a positive int, got {self.head_dim!r}")
-        rd = _positive_int(self.rotary_dim)
-        if rd is None or rd % 2 or rd > self.head_dim:
-            raise ValueError(
-                f"rotary_dim must be a positive even int <= head_dim ({self.head_dim}), "
-                f"got {self.rotary_dim!r}"
-            )
-        if isinstance(self.base, bool) or not isinstance(self.base, int | float):
-            raise ValueError(f"base must be a number, got {self.base!r}")
-        if not (math.isfinite(self.base) and self.base > 0.0):
-            raise ValueError(f"base must be finite and > 0, got {self.base!r}")
-
-    @classmethod
-    def from_hf_config(cls, hf_config: Any) -> RopeSpec | None:
-        """The RoPE SGLang builds for this (text) model config, or ``None`` when keys of that model
-        cannot be re-rotated exactly or this module does not know how SGLang builds its RoPE.
-
-        ``None`` for: a ``model_type`` outside the models whose SGLang implementation was read
-        (llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe, mixtral, gptj); RoPE parameters whose
-        type is not plain (``linear``, ``dynamic``, ``yarn``, ``llama3``, ``longrope``, mrope, ...)
-        or that carry extra keys, or that differ per layer type; a dual-chunk attention config; no
-        ``rope_theta`` anywhere (except GPT-J, whose base is fixed at 10000); a
-        ``partial_rotary_factor`` that SGLang would not apply as HF does; inconsistent sizes.
-        Reads transformers 5 (``config.rope_parameters``) and 4 (``rope_theta``/``rope_scaling``)
-        conventions.
-        """
-        model = _MODELS.get(str(getattr(hf_config, "model_type", "")))
-        if model is None:
-            return None
-        if getattr(hf_config, "dual_chunk_attention_config", None) is not None:
-            return None
-        if getattr(hf_config, "original_num_attention_heads", None) is not None:
-            return None  # models/qwen2.py then derives head_dim differently
-
-        params = getattr(hf_config, "rope_parameters", None)
-        if params is None:
-            params = getattr(hf_config, "rope_scaling", None)
-        if params is None:
-            params = {}
-        if not isinstance(params, dict):
-            return None
-        if any(isinstance(v, dict) for v in params.values()):
-            return None  # per-layer-type RoPE (transformers 5 nested rope_parameters)
-        if not set(params) <= _PLAIN_ROPE_KEYS:
-            return None
-        rope_type = params.get("rope_type", params.get("type"))
-        if rope_type not in (None, "default"):
-            return None
-
-        theta = params.get("rope_theta")
-        if theta is None:
-            theta = getattr(hf_config, "rope_theta", None)
-        if theta is None:
-            theta = model.default_theta
-        if isinstance(theta, bool) or not isinstance(theta, int | float):
-            return None
-
-        hidden = _positive_int(getattr(hf_config, "hidden_size", None))
-        heads = _positive_int(getattr(hf_config, "num_attention_heads", None))
-        derived = hidden // heads if hidden is not None and heads is not None else None
-        if model.head_dim_attr:
-            head_dim = _positive_int(getattr(hf_config, "head_dim", None)) or derived
-        else:
-            attr = getattr(hf_config, "head_dim", None)
-            if attr is not None and attr != derived:
-                return None  # SGLang ignores config.head_dim for this model; HF would not
-            head_dim = derived
-        if head_dim is None:
-            return None
-
-        # partial_rotary_factor: SGLang reads the config attribute only (models/llama.py);
-        # transformers 5 may also keep it in rope_parameters. Both must agree.
-        attr_factor = getattr(hf_config, "partial_rotary_factor", None)
-        param_factor = params.get("partial_rotary_factor")
-        if param_factor is not None and attr_factor is None:
-            return None
-        if param_factor is not None and param_factor != attr_factor:
-            return None
-        factor = 1.0 if attr_factor is None else attr_factor
-        if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0.0 < factor <= 1.0:
-            return None
-        if not model.partial and factor != 1.0:
-            return None
-
-        if model.rotary_dim_attr:
-            rotary_dim = _positive_int(getattr(hf_config, "rotary_dim", None))
-            if rotary_dim is None:
-                return None
-        else:
-            rotary_dim = int(head_dim * factor)
-
-        neox = model.neox
-        if model.neox_attr:
-            style = getattr(hf_config, "rope_is_neox_style", True)
-            if not isinstance(style, bool):
-                return None
-            neox = style
-
-        try:
-            return cls(rotary_dim=rotary_dim, head_dim=head_dim, base=float(theta), is_neox_style=neox)
-        except ValueError:
-            return None
-
-
 def _inv_freq(rope: RopeSpec, device: torch.device) -> torch.Tensor:
-    """RoPE's inverse frequencies ``[rotary_dim / 2]``, computed in float32 as SGLang's
-    ``RotaryEmbedding._compute_inv_freq`` (and transformers) compute them."""
+    """RoPE's inverse frequencies ``[rotary_dim / 2]`` in float32: the model's own effective ones
+    when the spec carries them (scaled RoPE), else computed as SGLang's
+    ``RotaryEmbedding._compute_inv_freq`` (and transformers) compute plain RoPE's."""
+    if rope.inv_freq is not None:
+        return torch.tensor(rope.inv_freq, dtype=torch.float32, device=device)
     exponents = torch.arange(0, rope.rotary_dim, 2, dtype=torch.float32, device=device) / rope.rotary_dim
     return 1.0 / (rope.base**exponents)
 

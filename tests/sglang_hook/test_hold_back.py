@@ -299,5 +299,7 @@ def test_events_still_owed_by_a_dead_decision_process_are_signed_here(make_harne
     assert gov.wait_idle(30)
     gov.audit.flush()
     recs = h.records()
-    assert [r["detail"] for r in recs if r.get("kind") == "invariant_violation"] == ["probe after the child died"]
+    assert [r["detail"] for r in recs if r.get("kind") == "invariant_violation"] == [
+        "probe after the child died"
+    ]
     assert gov.remote.broken is not None

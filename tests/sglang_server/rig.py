@@ -40,6 +40,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 TINY_MODEL = ROOT / "engine_hooks" / "sglang" / "tiny_model"
 SMOLLM2_ARCH = ROOT / "tests" / "sglang_server" / "smollm2_arch"
+# The tiny Llama with llama3-scaled RoPE (factor 8 past 1,024 positions): scaled re-rotation.
+TINY_LLAMA3_ROPE = ROOT / "tests" / "sglang_server" / "tiny_llama3_rope"
 RIG_POLICY = ROOT / "tests" / "sglang_server" / "policy"
 STUBS = ROOT / "tests" / "sglang_hook" / "stubs"
 PLUGIN_MODULE = "tests.sglang_server.cpu_plugin"
@@ -114,11 +116,15 @@ class ServerConfig:
 
 def server_configs(device: str = "cpu") -> dict[str, ServerConfig]:
     """The servers the tests and the server check run (chunked prefill below the prompt length in
-    all): overlap scheduling with page size 1 (and the rig's KV dump), no overlap with page size
-    16, SGLang's retraction test mode, and a pool too small for its traffic."""
+    all): overlap scheduling with page size 1 (and the rig's KV dump; also with a llama3-scaled
+    RoPE model), no overlap with page size 16, SGLang's retraction test mode, and a pool too small
+    for its traffic."""
     base = ServerConfig(device=device, dtype="float32" if device == "cpu" else "bfloat16")
     return {
         "page1-overlap": replace(base, page_size=1, overlap=True, chunked_prefill_size=1024, kv_dump=True),
+        "llama3-rope": replace(
+            base, model=TINY_LLAMA3_ROPE, page_size=1, overlap=True, chunked_prefill_size=1024, kv_dump=True
+        ),
         "page16-no-overlap": replace(base, page_size=16, overlap=False, chunked_prefill_size=1024),
         "retract": replace(
             base,

@@ -3,7 +3,8 @@
 The rig's test plugin dumps, for ``kvdump-*`` requests, the K/V of every layer right after a
 realization (the recipient's realized slots and the donor slots they came from) and at release
 (the request's whole row). The server runs the tiny Llama in float32 with SGLang's own RoPE
-(``forward_native``). Donor ``[S][I][E][Q1]``, recipient ``[S][E][Q2]``: E is realized as a
+(``forward_native``), plain and llama3-scaled (the backend then takes the frequencies from the
+model's own rotary embedding). Donor ``[S][I][E][Q1]``, recipient ``[S][E][Q2]``: E is realized as a
 shifted span (shift ``-len(I)``), and its cold arm is the same recipient in a scope no donor
 reaches, primed with ``[S]``.
 
@@ -25,26 +26,50 @@ from typing import Any
 import pytest
 import torch
 
-from engine_hooks.sglang.kv_copy import RopeSpec, rerotate_keys
+from engine_hooks.sglang.kv_copy import rerotate_keys
+from engine_hooks.sglang.rope import RopeSpec
 from tests.sglang_server.conftest import assert_healthy
 from tests.sglang_server.rig import Server, pair_prompts, read_audit, settle, summarize
 
 
-@pytest.fixture
-def server(servers: Any) -> Server:
-    srv: Server = servers("page1-overlap")  # float32, with the rig's KV dump
+@pytest.fixture(params=["page1-overlap", "llama3-rope"])
+def server(servers: Any, request: pytest.FixtureRequest) -> Server:
+    srv: Server = servers(request.param)  # float32, with the rig's KV dump; plain or llama3 RoPE
     return srv
 
 
-def _rope() -> RopeSpec:
+def _rope(server: Server) -> RopeSpec:
+    """The served model's RoPE as SGLang builds it: plain from the config, llama3 from SGLang's own
+    rotary embedding class (built here on CPU the way the model builds it)."""
+    import importlib
     import json
 
-    from tests.sglang_server.rig import TINY_MODEL
+    import torch
 
-    cfg = json.loads((TINY_MODEL / "config.json").read_text())
-    return RopeSpec(
+    cfg = json.loads((server.config.model / "config.json").read_text())
+    plain = RopeSpec(
         rotary_dim=cfg["head_dim"], head_dim=cfg["head_dim"], base=cfg["rope_theta"], is_neox_style=True
     )
+    scaling = cfg.get("rope_scaling")
+    if scaling is None:
+        return plain
+    from transformers import LlamaConfig
+
+    from tests.sglang_hook import conftest as _stubs  # noqa: F401 - the torchvision stub on sys.path
+
+    importlib.import_module("sglang.srt.layers.rotary_embedding.base")._is_cpu = True
+    get_rope = importlib.import_module("sglang.srt.layers.rotary_embedding").get_rope
+    emb = get_rope(
+        cfg["head_dim"],
+        cfg["head_dim"],
+        cfg["max_position_embeddings"],
+        cfg["rope_theta"],
+        rope_scaling=scaling,
+        dtype=torch.float32,
+    )
+    spec = RopeSpec.from_rotary_embedding(LlamaConfig(**cfg), emb)
+    assert spec is not None and spec.scaling == scaling["rope_type"] and spec != plain
+    return spec
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -79,7 +104,9 @@ def test_realized_kv_equals_cold_prefill_after_rerotation(server: Server) -> Non
     assert (piece["kind"], start, n) == ("shifted", p.evidence_start, p.evidence_len)
     shift = piece["recipient_start"] - piece["donor_start"]
     assert shift == -64  # len(I): E moved 64 positions forward
-    rope = _rope()
+    rope = _rope(server)
+    if rope.scaling != "default":  # the backend took the scaled RoPE from the served model itself
+        assert f"re-rotated ({rope.scaling} RoPE)" in server.log_text()
     delta = torch.full((n,), shift, dtype=torch.int64)
 
     # Layer 0 against the cold prefill: SGLang's own RoPE at the new positions. (Dummy weights are

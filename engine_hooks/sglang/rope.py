@@ -1,0 +1,348 @@
+"""Which RoPE a served model applies to its keys, so that stored keys can be moved exactly.
+
+SGLang stores keys after RoPE. A key moved ``delta`` positions is re-rotated by
+``delta * inv_freq[i]`` per frequency pair, which is exact when the model's rotation angle is
+linear in the position: plain RoPE, and the static scalings ``linear`` (positions divided by a
+factor: the effective frequencies are divided by it), ``llama3`` (per-frequency factors) and
+``yarn`` (blended frequencies; its attention factor multiplies the cached cos/sin, so it is
+already in the stored keys and a rotation, being linear, keeps it: it is never applied twice).
+Dynamic NTK, longrope, multimodal and per-layer RoPE are refused (``None``: shifted spans of such
+a model run cold, audited as a failed realization).
+
+Two sources, both for the models whose SGLang implementation was read (``_MODELS``):
+:meth:`RopeSpec.from_hf_config` (plain RoPE from the config alone) and
+:meth:`RopeSpec.from_rotary_embedding` (the model's own SGLang rotary embedding, scaled or not:
+its effective frequencies, checked against its own cos/sin cache before they are trusted).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["RopeSpec", "rotary_embeddings"]
+
+# Keys a plain ("default") RoPE parameter dict may carry. Anything else (mrope_section,
+# use_fope, factor, ...) changes what SGLang builds, so the config is refused.
+_PLAIN_ROPE_KEYS = frozenset(
+    {"rope_type", "type", "rope_theta", "partial_rotary_factor", "original_max_position_embeddings"}
+)
+# What each static scaling SGLang builds may carry besides (the rotary embedding then says how).
+_SCALED_ROPE_KEYS = {
+    "linear": frozenset({"factor"}),
+    "llama3": frozenset({"factor", "low_freq_factor", "high_freq_factor"}),
+    "yarn": frozenset(
+        {
+            "factor",
+            "beta_fast",
+            "beta_slow",
+            "mscale",
+            "mscale_all_dim",
+            "attn_factor",
+            "attention_factor",
+            "extrapolation_factor",
+            "truncate",
+        }
+    ),
+}
+# SGLang's rotary embedding class behind each accepted RoPE type (exact classes, no subclass).
+_ROPE_MODULE = "sglang.srt.layers.rotary_embedding"
+_ROPE_CLASSES = {
+    "default": "RotaryEmbedding",
+    "linear": "LinearScalingRotaryEmbedding",
+    "llama3": "Llama3RotaryEmbedding",
+    "yarn": "YaRNScalingRotaryEmbedding",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _ModelRope:
+    """How SGLang 0.5.23's implementation of one HF ``model_type`` builds its RoPE."""
+
+    neox: bool  # rotate-half (True) or GPT-J interleaved pairs (False)
+    neox_attr: bool  # the style may be overridden by ``config.rope_is_neox_style`` (models/llama.py)
+    head_dim_attr: bool  # head_dim from ``config.head_dim``; False: hidden_size // num_attention_heads
+    partial: bool  # applies ``config.partial_rotary_factor``; False: rotary_dim = head_dim only
+    rotary_dim_attr: bool  # rotary_dim is ``config.rotary_dim`` (GPT-J)
+    default_theta: float | None  # base when the config names none; None: refuse such a config
+
+
+_LLAMA = _ModelRope(True, True, True, True, False, None)
+_QWEN = _ModelRope(True, False, True, False, False, None)
+_FIXED_HEAD_DIM = _ModelRope(True, False, False, False, False, None)
+# SGLang's models/gpt_j.py: get_rope(head_dim, config.rotary_dim, base=getattr(config, "rope_theta",
+# 10000), is_neox_style=False); 10000 is also HF's fixed GPT-J base (create_sinusoidal_positions).
+_GPTJ = _ModelRope(False, False, False, False, True, 10000.0)
+
+_MODELS: dict[str, _ModelRope] = {
+    "llama": _LLAMA,
+    "mistral": _LLAMA,  # MistralForCausalLM is LlamaForCausalLM
+    "qwen2": _QWEN,
+    "qwen3": _QWEN,
+    "qwen3_moe": _QWEN,
+    "qwen2_moe": _FIXED_HEAD_DIM,
+    "mixtral": _FIXED_HEAD_DIM,
+    "gptj": _GPTJ,
+}
+
+
+def _positive_int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class RopeSpec:
+    """The RoPE a model applies to its keys before SGLang stores them.
+
+    ``rotary_dim`` leading dims of each ``head_dim``-wide key head are rotated (the rest pass
+    through); ``base`` is RoPE's theta; ``is_neox_style`` selects rotate-half pairs ``(i, i +
+    rotary_dim / 2)`` (Llama, Qwen, Mistral) over GPT-J's interleaved pairs ``(2i, 2i + 1)``.
+    ``inv_freq``, when set, are the model's effective inverse frequencies (float32 values; scaled
+    RoPE), and ``scaling`` names the RoPE type; plain RoPE computes them from ``base``.
+    """
+
+    rotary_dim: int
+    head_dim: int
+    base: float
+    is_neox_style: bool
+    inv_freq: tuple[float, ...] | None = None
+    scaling: str = "default"
+
+    def __post_init__(self) -> None:
+        if _positive_int(self.head_dim) is None:
+            raise ValueError(f"head_dim must be a positive int, got {self.head_dim!r}")
+        rd = _positive_int(self.rotary_dim)
+        if rd is None or rd % 2 or rd > self.head_dim:
+            raise ValueError(
+                f"rotary_dim must be a positive even int <= head_dim ({self.head_dim}), "
+                f"got {self.rotary_dim!r}"
+            )
+        if isinstance(self.base, bool) or not isinstance(self.base, int | float):
+            raise ValueError(f"base must be a number, got {self.base!r}")
+        if not (math.isfinite(self.base) and self.base > 0.0):
+            raise ValueError(f"base must be finite and > 0, got {self.base!r}")
+        if self.inv_freq is not None:
+            f = self.inv_freq
+            if len(f) != self.rotary_dim // 2 or not all(
+                isinstance(x, float) and math.isfinite(x) and x > 0.0 for x in f
+            ):
+                raise ValueError(f"inv_freq must be {self.rotary_dim // 2} finite positive floats")
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Any) -> RopeSpec | None:
+        """The plain RoPE SGLang builds for this (text) model config, or ``None`` when keys of that
+        model cannot be re-rotated from the config alone or this module does not know how SGLang
+        builds its RoPE.
+
+        ``None`` for: a ``model_type`` outside the models whose SGLang implementation was read
+        (llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe, mixtral, gptj); RoPE parameters whose
+        type is not plain (scaled RoPE needs the model's rotary embedding:
+        :meth:`from_rotary_embedding`) or that carry extra keys, or that differ per layer type; a
+        dual-chunk attention config; no ``rope_theta`` anywhere (except GPT-J, whose base is fixed
+        at 10000); a ``partial_rotary_factor`` that SGLang would not apply as HF does;
+        inconsistent sizes. Reads transformers 5 (``config.rope_parameters``) and 4
+        (``rope_theta``/``rope_scaling``) conventions.
+        """
+        found = _config_rope(hf_config, scaled=False)
+        return found[0] if found is not None else None
+
+    @classmethod
+    def for_model(cls, hf_config: Any, model: Any) -> RopeSpec | None:
+        """The RoPE of a loaded SGLang model: from its rotary embedding module(s)
+        (:meth:`from_rotary_embedding`; several distinct ones must all give the same spec), or
+        from the config alone (plain RoPE only) when the model shows none. Never raises."""
+        try:
+            embs = rotary_embeddings(model) if model is not None else []
+        except Exception:  # noqa: BLE001 - a model we cannot walk: the config decides alone
+            embs = []
+        if not embs:
+            return cls.from_hf_config(hf_config)
+        specs = {cls.from_rotary_embedding(hf_config, e) for e in embs}
+        return specs.pop() if len(specs) == 1 else None
+
+    @classmethod
+    def from_rotary_embedding(cls, hf_config: Any, emb: Any) -> RopeSpec | None:
+        """The RoPE of a model whose config passes :meth:`from_hf_config`'s checks with a plain,
+        ``linear``, ``llama3`` or ``yarn`` RoPE type, taken from ``emb``, the SGLang rotary
+        embedding its attention layers apply: sizes, style and base must match the config, the
+        class must be exactly SGLang's class for that type, and the effective frequencies (from
+        the class's own ``_compute_inv_freq``) must reproduce ``emb.cos_sin_cache`` at sampled
+        positions. ``None`` otherwise (never raises)."""
+        try:
+            return _from_embedding(hf_config, emb)
+        except Exception:  # noqa: BLE001 - an embedding we cannot read is one we do not re-rotate
+            return None
+
+
+def _config_rope(hf_config: Any, *, scaled: bool) -> tuple[RopeSpec, str, dict[str, Any]] | None:
+    """The config's RoPE as a plain spec, its type and its parameters (None: refused)."""
+    model = _MODELS.get(str(getattr(hf_config, "model_type", "")))
+    if model is None:
+        return None
+    if getattr(hf_config, "dual_chunk_attention_config", None) is not None:
+        return None
+    if getattr(hf_config, "original_num_attention_heads", None) is not None:
+        return None  # models/qwen2.py then derives head_dim differently
+
+    params = getattr(hf_config, "rope_parameters", None)
+    if params is None:
+        params = getattr(hf_config, "rope_scaling", None)
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        return None
+    if any(isinstance(v, dict) for v in params.values()):
+        return None  # per-layer-type RoPE (transformers 5 nested rope_parameters)
+    rope_type = params.get("rope_type", params.get("type"))
+    rope_type = "default" if rope_type is None else rope_type
+    if not isinstance(rope_type, str):
+        return None
+    allowed = _PLAIN_ROPE_KEYS | (_SCALED_ROPE_KEYS.get(rope_type, frozenset()) if scaled else frozenset())
+    if not set(params) <= allowed:
+        return None
+    if rope_type != "default" and not (scaled and rope_type in _SCALED_ROPE_KEYS):
+        return None
+
+    theta = params.get("rope_theta")
+    if theta is None:
+        theta = getattr(hf_config, "rope_theta", None)
+    if theta is None:
+        theta = model.default_theta
+    if isinstance(theta, bool) or not isinstance(theta, int | float):
+        return None
+
+    hidden = _positive_int(getattr(hf_config, "hidden_size", None))
+    heads = _positive_int(getattr(hf_config, "num_attention_heads", None))
+    derived = hidden // heads if hidden is not None and heads is not None else None
+    if model.head_dim_attr:
+        head_dim = _positive_int(getattr(hf_config, "head_dim", None)) or derived
+    else:
+        attr = getattr(hf_config, "head_dim", None)
+        if attr is not None and attr != derived:
+            return None  # SGLang ignores config.head_dim for this model; HF would not
+        head_dim = derived
+    if head_dim is None:
+        return None
+
+    # partial_rotary_factor: SGLang reads the config attribute only (models/llama.py);
+    # transformers 5 may also keep it in rope_parameters. Both must agree.
+    attr_factor = getattr(hf_config, "partial_rotary_factor", None)
+    param_factor = params.get("partial_rotary_factor")
+    if param_factor is not None and attr_factor is None:
+        return None
+    if param_factor is not None and param_factor != attr_factor:
+        return None
+    factor = 1.0 if attr_factor is None else attr_factor
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0.0 < factor <= 1.0:
+        return None
+    if not model.partial and factor != 1.0:
+        return None
+
+    if model.rotary_dim_attr:
+        rotary_dim = _positive_int(getattr(hf_config, "rotary_dim", None))
+        if rotary_dim is None:
+            return None
+    else:
+        rotary_dim = int(head_dim * factor)
+
+    neox = model.neox
+    if model.neox_attr:
+        style = getattr(hf_config, "rope_is_neox_style", True)
+        if not isinstance(style, bool):
+            return None
+        neox = style
+
+    try:
+        spec = RopeSpec(rotary_dim=rotary_dim, head_dim=head_dim, base=float(theta), is_neox_style=neox)
+    except ValueError:
+        return None
+    return spec, str(rope_type), params
+
+
+def _from_embedding(hf_config: Any, emb: Any) -> RopeSpec | None:
+    import torch
+
+    found = _config_rope(hf_config, scaled=True)
+    if found is None:
+        return None
+    plain, rope_type, _ = found
+    cls = type(emb)
+    if not (cls.__module__.startswith(_ROPE_MODULE) and cls.__qualname__ == _ROPE_CLASSES[rope_type]):
+        return None
+    if (
+        emb.head_size != plain.head_dim
+        or emb.rotary_dim != plain.rotary_dim
+        or bool(emb.is_neox_style) != plain.is_neox_style
+        or float(emb.base) != plain.base
+        or int(getattr(emb, "position_start", 0)) != 0
+    ):
+        return None
+    mscale = 1.0
+    with torch.no_grad():
+        if rope_type == "linear":
+            factors = list(emb.scaling_factors)
+            if len(factors) != 1 or not float(factors[0]) > 0.0:
+                return None  # several factors: one cache per factor, chosen per request
+            inv = _plain_inv_freq(emb) / float(factors[0])
+        elif rope_type == "yarn":
+            inv = emb._compute_inv_freq(emb.scaling_factor)
+            mscale = float(emb.mscale)
+        else:  # default and llama3: _compute_inv_freq(base) is the effective one
+            inv = emb._compute_inv_freq(emb.base)
+        inv = inv.to(device="cpu", dtype=torch.float32)
+        if not _reproduces_cache(emb.cos_sin_cache, inv, mscale):
+            return None
+    spec = RopeSpec(
+        plain.rotary_dim,
+        plain.head_dim,
+        plain.base,
+        plain.is_neox_style,
+        inv_freq=tuple(float(x) for x in inv.tolist()),
+        scaling=rope_type,
+    )
+    return spec
+
+
+def _plain_inv_freq(emb: Any) -> Any:
+    """Plain RoPE's inverse frequencies for ``emb``'s sizes, computed by SGLang's base class."""
+    from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
+
+    return RotaryEmbedding._compute_inv_freq(emb, emb.base)
+
+
+def _reproduces_cache(cache: Any, inv: Any, mscale: float) -> bool:
+    """Whether ``mscale * [cos | sin](p * inv)`` matches the embedding's own cache at sampled
+    positions, within the cache dtype's rounding and SGLang's float32 angle rounding."""
+    import torch
+
+    n = int(cache.shape[0])
+    half = int(inv.shape[0])
+    if cache.dim() != 2 or int(cache.shape[1]) != 2 * half or n < 2:
+        return False
+    pos = sorted({1, 2, 3, 17, 255, min(n - 1, 4095), n // 2, n - 1})
+    p = torch.tensor(pos, dtype=torch.float64)[:, None]
+    angle = p * inv.to(torch.float64)[None, :]
+    want = torch.cat([angle.cos(), angle.sin()], dim=-1) * mscale
+    got = cache[pos].to(device="cpu", dtype=torch.float64)
+    eps = torch.finfo(cache.dtype).eps if cache.is_floating_point() else 1.0
+    # NOTE: SGLang forms p * inv_freq in float32 (relative 2**-24 per angle), then rounds the
+    # cos/sin to the cache dtype; a wrong frequency is off by far more at the larger positions.
+    tol = (4 * eps + p * 2.0**-22) * max(1.0, abs(mscale))
+    return bool(((got - want).abs() <= tol).all())
+
+
+def rotary_embeddings(model: Any) -> list[Any]:
+    """The distinct rotary embedding modules of a loaded SGLang model (objects with a
+    ``cos_sin_cache``), in module order."""
+    out: list[Any] = []
+    seen: set[int] = set()
+    modules: Iterable[Any] = model.modules() if hasattr(model, "modules") else ()
+    for m in modules:
+        if hasattr(m, "cos_sin_cache") and id(m) not in seen:
+            seen.add(id(m))
+            out.append(m)
+    return out
