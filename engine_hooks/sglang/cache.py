@@ -29,6 +29,12 @@ How a request flows through it (SGLang 0.5.23's scheduler calls, in order):
 3. ``prefix_device_indices`` (row allocation): the exact-match path followed by the realized
    slots, which from then on are rows of the request above ``cache_protected_len``
    (request-private, counted by SGLang as ``uncached``, freed with the row).
+3b. regions (approved runs after fresh tokens, :func:`~engine_hooks.sglang.plan.plan_regions`):
+   the plugin's admission hooks make SGLang's chunked prefill end a chunk where the next region
+   starts (:meth:`GovernedRadixCache.chunk_cap`, :meth:`GovernedRadixCache.chunk_limit`); before
+   the next round, :meth:`GovernedRadixCache.advance_chunked` copies the region's K/V into fresh
+   slots (the same checks as at admission), writes them into the request's row and moves its
+   prefix past them, so the next chunk starts after the region.
 4. ``on_release`` / ``release_aborted_request``: a retracted request keeps its decisions (and may
    be realized again, under the same decision, when it is re-admitted); a finished one drops its
    state, and if it finished normally with a verified context and never received reused KV, it
@@ -77,7 +83,7 @@ from engine_hooks.sglang.context import KEY_PREFIX, RequestContext, anonymous_ca
 from engine_hooks.sglang.governor import DonorSpec, Governor, LiveDonor, PendingDecision
 from engine_hooks.sglang.guard import InvariantGuard, InvariantViolation
 from engine_hooks.sglang.kv_copy import copy_kv
-from engine_hooks.sglang.plan import Piece, plan_pieces, planned_tokens, request_label
+from engine_hooks.sglang.plan import Piece, Region, plan_pieces, plan_regions, planned_tokens, request_label
 from engine_hooks.sglang.rope import RopeSpec
 from semgov._internal.log import get_logger
 from semgov.decide import SignedDecision
@@ -122,6 +128,9 @@ class _State:
     held_s: float = 0.0  # from then until it was first let through to admission
     decided_s: float = 0.0  # from then until its decision was taken (done on the decision thread)
     copy_ns: int = 0  # of which not counted there: the realizations' K/V copies (the reuse itself)
+    regions: tuple[Region, ...] = ()  # approved runs past the front, still to realize (in order)
+    region_deadline: float = 0.0  # past it, a request kept waiting for a chunk boundary gives them up
+    regions_realized: int = 0
 
 
 def _int64(tokens: Any) -> np.ndarray[Any, np.dtype[np.int64]]:
@@ -284,6 +293,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         if st.chosen is None:
             return result
         k = planned_tokens(st.chosen.approved_spans, m, limit, st.donor_len, self.page_size)
+        st.regions = self._regions(st.chosen, m + k, limit, st.donor_len)
         if k == 0:
             return result
         return result._replace(
@@ -449,10 +459,28 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
                 self.gov.drop_donor(entry.donor_id)  # evicted: nothing left to reuse
                 continue
             k = planned_tokens(dec.approved_spans, st.m0, st.limit0, d_len, self.page_size)
+            k += sum(r.length for r in self._regions(dec, st.m0 + k, st.limit0, d_len))
             if k > best:
                 best, st.chosen, st.donor, st.donor_len = k, dec, entry, d_len
         if st.chosen is not None:
             st.deadline = time.monotonic() + self.gov.settings.audit_wait_ms / 1000
+
+    def _regions(self, dec: SignedDecision, start: int, limit: int, donor_len: int) -> tuple[Region, ...]:
+        assert self.gov is not None
+        cfg = self.gov.settings
+        if cfg.max_regions == 0:
+            return ()
+        return tuple(
+            plan_regions(
+                dec.approved_spans,
+                start,
+                limit,
+                donor_len,
+                self.page_size,
+                max_regions=cfg.max_regions,
+                min_tokens=cfg.min_region_tokens,
+            )
+        )
 
     # ---- admission: held back until decided ---------------------------------------------------
 
@@ -548,24 +576,42 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         pieces = plan_pieces(st.chosen.approved_spans, m, limit, st.donor_len, self.page_size)
         k = sum(p.length for p in pieces)
         decision_id = str(st.chosen.record["decision_id"])
-        slots: torch.Tensor | None = None
-        pin = None
         try:
             if k == 0 or k != req.host_hit_length:
                 raise RealizationError(f"planned {k} tokens, admission promised {req.host_hit_length}")
-            if not st.durable:
-                st.durable = self.gov.decision_durable(decision_id, 0)  # NOTE: polled, never waited for
-            if not st.durable:
-                why = self.gov.audit_broken or "not yet"
-                raise RealizationError(f"the allow decision is not durable in the audit log ({why})")
-            d_len, node = self._donor_path(st.donor)
-            need = max(p.donor_start + p.length for p in pieces)
-            if d_len < need:
-                raise RealizationError(f"the donor's live KV covers {d_len} tokens, {need} needed")
-            # NOTE: the donor is pinned only while this call copies from it: eviction for the
-            # allocation below must not take it, and nothing else ever holds a pin.
-            pin = self.lock(node)
-            self.pins += 1
+            slots, _ = self._copy_from_donor(st, pieces, decision_id)
+        except Exception as e:  # noqa: BLE001 - any doubt: run cold
+            self._fallback(st, decision_id, e)
+            return 0, req.last_node
+        st.private, st.private_base, st.pieces = slots, m, tuple(pieces)
+        self._realized(st, req, slots, pieces, decision_id, "front")
+        return k, req.last_node
+
+    def _copy_from_donor(
+        self, st: _State, pieces: list[Piece], decision_id: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fresh slots holding the donor's K/V for ``pieces`` (keys re-rotated): the allow record
+        durable, the donor re-matched live, pinned only for this call, its tokens checked against
+        the recipient's. Raises :class:`RealizationError` (or any error) having freed what it took."""
+        assert self.gov is not None and st.donor is not None
+        req = self.reqs.get(st.serial)
+        if req is None:
+            raise RealizationError("the request is no longer tracked")
+        if not st.durable:
+            st.durable = self.gov.decision_durable(decision_id, 0)  # NOTE: polled, never waited for
+        if not st.durable:
+            why = self.gov.audit_broken or "not yet"
+            raise RealizationError(f"the allow decision is not durable in the audit log ({why})")
+        d_len, node = self._donor_path(st.donor)
+        need = max(p.donor_start + p.length for p in pieces)
+        if d_len < need:
+            raise RealizationError(f"the donor's live KV covers {d_len} tokens, {need} needed")
+        # NOTE: the donor is pinned only while this call copies from it: eviction for the
+        # allocation below must not take it, and nothing else ever holds a pin.
+        pin = self.lock(node)
+        self.pins += 1
+        slots: torch.Tensor | None = None
+        try:
             rt = _int64(req.origin_input_ids)
             dt = _int64(st.donor.token_ids)
             for p in pieces:
@@ -577,26 +623,37 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             root = self.root_node_handle(st.donor.cache_key)
             donor_slots = self.tree_core.collect_full_device_indices(node, root)[:d_len].to(torch.int64)
             src = torch.cat([donor_slots[p.donor_start : p.donor_start + p.length] for p in pieces])
-            slots = self._alloc(k)
+            slots = self._alloc(sum(p.length for p in pieces))
             self._copy(src, slots, pieces)
             st.copy_ns += self._copy_ns
-        except Exception as e:  # noqa: BLE001 - any doubt: run cold
+            st.src_slots = src
+            return slots, src
+        except BaseException:
             if slots is not None:
                 self.token_to_kv_pool_allocator.free(slots)
-            st.chosen = None
-            self.stats["fallbacks"] += 1
-            self.gov.event(
-                "realization_failed",
-                request_id=st.label,
-                decision_id=decision_id,
-                donor_id=st.donor.donor_id,
-                detail=f"{type(e).__name__}: {e}",
-            )
+            raise
+        finally:
             self._unpin(pin)
-            self._check("realization_failed", st)
-            return 0, req.last_node
-        self._unpin(pin)
-        st.private, st.private_base, st.pieces, st.src_slots = slots, m, tuple(pieces), src
+
+    def _fallback(self, st: _State, decision_id: str, e: BaseException) -> None:
+        """An allowed reuse was not made: audited, and the request runs cold from here."""
+        assert self.gov is not None
+        st.chosen, st.regions = None, ()
+        self.stats["fallbacks"] += 1
+        self.gov.event(
+            "realization_failed",
+            request_id=st.label,
+            decision_id=decision_id,
+            donor_id=st.donor.donor_id if st.donor is not None else None,
+            detail=f"{type(e).__name__}: {e}",
+        )
+        self._check("realization_failed", st)
+
+    def _realized(
+        self, st: _State, req: Any, slots: torch.Tensor, pieces: list[Piece], decision_id: str, where: str
+    ) -> None:
+        assert self.gov is not None and st.donor is not None
+        k = int(slots.numel())
         st.recipient = True
         st.realizations += 1
         req.skip_radix_cache_insert = True
@@ -612,10 +669,108 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             # a device-to-host sync on the scheduler thread.
             slots=slots.tolist() if slots.device.type == "cpu" else (),
             spans=[p.as_span() for p in pieces],
-            detail=f"serial {self.boot}-{st.serial}; realization {st.realizations}",
+            detail=f"serial {self.boot}-{st.serial}; realization {st.realizations}; {where}",
         )
         self._check("realization", st)
-        return k, req.last_node
+
+    # ---- regions: approved runs after fresh tokens (a chunk ends where each starts) ----------
+
+    def chunk_cap(self, req: Any, has_chunked_req: bool) -> int | None:
+        """Scheduler thread, before the prefill adder admits ``req``: the most tokens its first
+        chunk may extend so that it ends where its first region starts (None: no cap; 0: keep it
+        out of this round, another request is mid-chunk and SGLang tracks one). Never raises."""
+        st = state_of(req) if self.gov is not None else None
+        if st is None or not st.regions or req.kv.holds_kv or self.reuse_disabled is not None:
+            return None
+        try:
+            assert self.gov is not None
+            cap = st.regions[0].start - int(req.prefix_len) - int(req.host_hit_length)
+            if cap <= 0:
+                st.regions = ()
+                return None
+            if has_chunked_req:
+                now = time.monotonic()
+                if not st.region_deadline:
+                    st.region_deadline = now + self.gov.settings.decision_timeout_ms / 1000
+                if now < st.region_deadline:
+                    return 0
+                st.regions = ()  # NOTE: waited long enough for a free chunk slot: computed instead
+                return None
+            return cap
+        except Exception as e:  # noqa: BLE001 - any doubt: no regions, the request is computed
+            self._hook_error("chunk_cap", req, e)
+            st.regions = ()
+            return None
+
+    def chunk_limit(self, req: Any) -> int | None:
+        """Scheduler thread, before a chunked request's next chunk: its most tokens (ending at its
+        next region), or None. Never raises."""
+        st = state_of(req) if self.gov is not None else None
+        if st is None or not st.regions or self.reuse_disabled is not None:
+            return None
+        cap = st.regions[0].start - int(req.prefix_len)
+        if cap <= 0:
+            st.regions = tuple(r for r in st.regions if r.start > int(req.prefix_len))
+            return None
+        return cap
+
+    def advance_chunked(self, req: Any) -> int:
+        """Scheduler thread, before a prefill round, for SGLang's chunked request: if its computed
+        prefix ends where its next region starts, copy the region's K/V into fresh slots and append
+        them to the request's row (its prefix then ends after the region, so the next chunk starts
+        there). Returns the tokens realized (0: nothing to do, or any doubt: computed). Never raises.
+
+        NOTE: the region's slots are the request's own from the moment they are in its row:
+        between ``cache_protected_len`` and ``kv_allocated_len``, freed with the row, counted by
+        SGLang as ``uncached``; this runs before the round's prefill adder measures free space.
+        """
+        st = state_of(req) if self.gov is not None else None
+        if st is None or not st.regions or self.reuse_disabled is not None or not req.kv.holds_kv:
+            return 0
+        t0, copy0 = time.perf_counter_ns(), st.copy_ns
+        try:
+            return self._advance(st, req)
+        except InvariantViolation:
+            raise
+        except Exception as e:  # noqa: BLE001 - _advance handles its own failures; this is a bug
+            self._hook_error("advance_chunked", req, e)
+            st.regions = ()
+            return 0
+        finally:
+            st.sched_ns += time.perf_counter_ns() - t0 - (st.copy_ns - copy0)
+
+    def _advance(self, st: _State, req: Any) -> int:
+        assert self.gov is not None
+        region, at = st.regions[0], int(req.prefix_len)
+        if at != region.start:
+            if at > region.start:  # NOTE: a chunk went past it (SGLang aligned it otherwise): computed
+                st.regions = tuple(r for r in st.regions if r.start > at)
+            return 0
+        if st.chosen is None or st.donor is None:
+            st.regions = ()
+            return 0
+        decision_id = str(st.chosen.record["decision_id"])
+        kv = req.kv
+        try:
+            if int(kv.kv_allocated_len) != at or region.end >= len(req.full_untruncated_fill_ids):
+                raise RealizationError(
+                    f"row holds {kv.kv_allocated_len} tokens, region {region.start}..{region.end} "
+                    f"of a {len(req.full_untruncated_fill_ids)}-token prompt"
+                )
+            slots, _ = self._copy_from_donor(st, list(region.pieces), decision_id)
+        except Exception as e:  # noqa: BLE001 - any doubt: run cold from here
+            self._fallback(st, decision_id, e)
+            return 0
+        pool = self.req_to_token_pool
+        pool.write((kv.req_pool_idx, slice(at, region.end)), slots.to(pool.req_to_token.dtype))
+        kv.kv_allocated_len = region.end
+        kv.kv_committed_len = region.end
+        req.prefix_len = region.end
+        req.extend_end = region.end
+        st.regions = st.regions[1:]
+        st.regions_realized += 1
+        self._realized(st, req, slots, list(region.pieces), decision_id, f"region at {at}")
+        return region.length
 
     def _copy(self, src: torch.Tensor, dst: torch.Tensor, pieces: list[Piece]) -> None:
         """Copy on the scheduler's current stream: the next forward runs on it or waits on it."""

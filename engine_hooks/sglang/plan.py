@@ -1,9 +1,17 @@
-"""What a realization copies: the approved spans' run from the exact-match end (pure, no SGLang).
+"""What a realization copies: the approved runs of a prompt, in SGLang's terms (pure, no SGLang).
 
 SGLang's prefix model is contiguous: a request's KV row is the exact-match path followed by
-whatever ``init_load_back`` loaded, then the extend. So of everything a decision approved, the
-hook can realize only the run of approved positions that starts exactly where the exact match
-ends, inside the donor's live KV and trimmed to whole pages.
+whatever ``init_load_back`` loaded, then the extend. So the hook realizes approved positions in
+two ways:
+
+- the *front* run (:func:`plan_pieces` from the exact-match end): loaded at admission;
+- *regions* further into the prompt (:func:`plan_regions`): SGLang's chunked prefill is made to
+  end a chunk exactly where a region starts, and the region's K/V is written into the request's
+  row before the next chunk, which then starts after it. Each region costs one more prefill
+  round; a region shorter than ``min_tokens`` is not worth it and runs cold, and at most
+  ``max_regions`` are realized per request (the rest of the prompt is then computed).
+
+Every run lies inside the donor's live KV and is trimmed to whole pages.
 """
 
 from __future__ import annotations
@@ -73,6 +81,57 @@ def plan_pieces(
         n = min(pc.length, keep)
         out.append(Piece(pc.recipient_start, pc.donor_start, n, pc.kind))
         keep -= n
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """Approved positions realized after fresh ones: ``pieces`` contiguous from ``start``."""
+
+    start: int
+    pieces: tuple[Piece, ...]
+
+    @property
+    def length(self) -> int:
+        return sum(p.length for p in self.pieces)
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+def plan_regions(
+    spans: Sequence[Mapping[str, Any]],
+    start: int,
+    limit: int,
+    donor_len: int,
+    page_size: int,
+    *,
+    max_regions: int,
+    min_tokens: int,
+) -> list[Region]:
+    """Approved runs that begin after ``start`` (the end of what the request already has or
+    loads at admission), each starting on a page boundary, in prompt order: at most
+    ``max_regions``, each at least ``min_tokens`` (and one page) long, cut at ``limit`` and at the
+    donor's live KV like :func:`plan_pieces`.
+
+    Bounded: one sort, then per span at most one :func:`plan_pieces` walk of the spans.
+    """
+    ordered = sorted(spans, key=lambda s: int(s["recipient_start"]))
+    out: list[Region] = []
+    p = start
+    for s in ordered:
+        if len(out) >= max_regions:
+            break
+        rs, n = int(s["recipient_start"]), int(s["length"])
+        a = -(-max(rs, p + 1) // page_size) * page_size  # NOTE: strictly after p, on a page boundary
+        if a >= min(rs + n, limit):
+            continue
+        pieces = tuple(plan_pieces(ordered, a, limit, donor_len, page_size))
+        region = Region(a, pieces)
+        if region.length >= max(min_tokens, page_size):
+            out.append(region)
+            p = region.end
     return out
 
 

@@ -67,6 +67,11 @@ class HookSettings:
     decision_process: bool = True
     """With async decisions: register donors, search candidates, decide and sign engine events in a
     child process (:mod:`engine_hooks.sglang.decider`), outside the scheduler's interpreter lock."""
+    max_regions: int = 4
+    """Approved runs realized past the front of a prompt (after fresh tokens), per request: each
+    ends a prefill chunk where it starts and costs one more prefill round; 0 turns it off."""
+    min_region_tokens: int = 64
+    """The shortest such run worth its extra prefill round (shorter ones are computed)."""
     audit_keyring: Path | None = None
     """Audit keyring (docs/formats.md) of other keys whose seals and checkpoints the audit log may end in:
     after rotating ``SEMGOV_SIGNING_KEY``, the previous key (docs/operations.md)."""
@@ -138,6 +143,8 @@ class HookSettings:
             async_registration=flag("SEMGOV_ASYNC_REGISTRATION", True),
             async_decisions=flag("SEMGOV_ASYNC_DECISIONS", True),
             decision_process=flag("SEMGOV_DECISION_PROCESS", True),
+            max_regions=integer("SEMGOV_MAX_REGIONS", 4, 0, 64),
+            min_region_tokens=integer("SEMGOV_MIN_REGION_TOKENS", 64, 1, 1 << 24),
             audit_keyring=optional_path("SEMGOV_AUDIT_KEYRING"),
             context_key_previous=optional_path("SEMGOV_CONTEXT_KEY_PREVIOUS"),
         )

@@ -186,6 +186,104 @@ def test_add_one_req_hook_skips_a_held_request_and_admits_the_rest() -> None:
     assert calls == ["free"]
 
 
+class _CapCache:
+    """A cache stub for the admission hooks: a fixed chunk cap and chunk limit per request."""
+
+    def __init__(self, cap: int | None, limit: int | None = None) -> None:
+        self.cap, self.limit = cap, limit
+        self.asked: list[bool] = []
+
+    def holds(self, req: Any) -> bool:
+        return False
+
+    def chunk_cap(self, req: Any, has_chunked_req: bool) -> int | None:
+        self.asked.append(has_chunked_req)
+        return self.cap
+
+    def chunk_limit(self, req: Any) -> int | None:
+        return self.limit
+
+
+def test_add_one_req_caps_the_first_chunk_at_the_region_and_keeps_the_budget_spent() -> None:
+    """A capped request admitted as the chunked one leaves the budget spent; one not admitted restores it."""
+    from engine_hooks.sglang.plugin import add_one_req
+
+    req = object()
+    seen: list[int] = []
+
+    def admits_as_chunk(a: Any, r: Any, **kw: Any) -> str:
+        seen.append(a.rem_chunk_tokens)
+        a.new_chunked_req, a.rem_chunk_tokens = r, 0
+        return "added"
+
+    adder = SimpleNamespace(tree_cache=_CapCache(96), rem_chunk_tokens=1024, new_chunked_req=None)
+    assert add_one_req(admits_as_chunk, adder, req, has_chunked_req=False) == "added"
+    assert seen == [96] and adder.rem_chunk_tokens == 0 and adder.tree_cache.asked == [False]
+
+    def refuses(a: Any, r: Any, **kw: Any) -> str:
+        seen.append(a.rem_chunk_tokens)
+        return "no_token"
+
+    adder = SimpleNamespace(tree_cache=_CapCache(96), rem_chunk_tokens=1024, new_chunked_req=None)
+    assert add_one_req(refuses, adder, req, has_chunked_req=False) == "no_token"
+    assert seen[-1] == 96 and adder.rem_chunk_tokens == 1024
+
+
+def test_add_one_req_defers_a_region_request_while_another_is_mid_chunk_and_passes_others() -> None:
+    """Cap 0 (another request is chunking) answers CONTINUE; no cap, or one above the budget, passes."""
+    from sglang.srt.managers.schedule_policy import AddReqResult
+
+    from engine_hooks.sglang.plugin import add_one_req
+
+    def original(a: Any, r: Any, **kw: Any) -> str:
+        return f"added with {a.rem_chunk_tokens}"
+
+    adder = SimpleNamespace(tree_cache=_CapCache(0), rem_chunk_tokens=512, new_chunked_req=None)
+    assert add_one_req(original, adder, "r", has_chunked_req=True) is AddReqResult.CONTINUE
+    assert adder.tree_cache.asked == [True]
+    for cap in (None, 600):
+        adder = SimpleNamespace(tree_cache=_CapCache(cap), rem_chunk_tokens=512, new_chunked_req=None)
+        assert add_one_req(original, adder, "r", has_chunked_req=False) == "added with 512"
+    no_chunking = SimpleNamespace(tree_cache=_CapCache(96), rem_chunk_tokens=None, new_chunked_req=None)
+    assert add_one_req(original, no_chunking, "r", has_chunked_req=False) == "added with None"
+
+
+def test_add_chunked_req_ends_the_chunk_at_the_next_region_and_restores_the_limit() -> None:
+    """The chunked request's limit is min(SGLang's, the distance to its region) for the call only."""
+    from engine_hooks.sglang.plugin import add_chunked_req
+
+    seen: list[int | None] = []
+
+    def original(a: Any, r: Any) -> str:
+        seen.append(a.chunked_req_limit)
+        return "chunked"
+
+    for sglang_limit, cap, expected in ((None, 300, 300), (200, 300, 200), (500, 300, 300), (500, None, 500)):
+        adder = SimpleNamespace(tree_cache=_CapCache(None, cap), chunked_req_limit=sglang_limit)
+        assert add_chunked_req(original, adder, "r") == "chunked"
+        assert seen[-1] == expected and adder.chunked_req_limit == sglang_limit
+
+
+def test_prefill_round_advances_the_chunked_request_before_holding_back() -> None:
+    """The round hook hands SGLang's chunked request to the cache first, even with an empty waiting queue."""
+    order: list[str] = []
+
+    class _Tree(SimpleNamespace):
+        def advance_chunked(self, req: Any) -> int:
+            order.append(f"advance {req}")
+            return 0
+
+        def hold_back(self, waiting: list[Any]) -> list[Any]:
+            order.append("hold")
+            return []
+
+    sched = SimpleNamespace(tree_cache=_Tree(), chunked_req="c1", waiting_queue=[])
+    prefill_round(lambda s: order.append("round"), sched)
+    sched.waiting_queue = ["w"]
+    prefill_round(lambda s: order.append("round"), sched)
+    assert order == ["advance c1", "round", "advance c1", "hold", "round"]
+
+
 def test_semgov_scheduler_time_is_recorded_per_finished_request(make_harness: Any) -> None:
     """Each finished request's semgov scheduler-thread time (K/V copy apart) is kept for the benchmarks."""
     h = make_harness()

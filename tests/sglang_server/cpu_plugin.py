@@ -115,16 +115,17 @@ def _install_kv_dump(directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     target = "engine_hooks.sglang.cache.GovernedRadixCache"
 
-    def after_realize(result: Any, cache: Any, st: Any, req: Any) -> Any:
-        k = int(result[0])
+    def after_realized(
+        result: Any, cache: Any, st: Any, req: Any, slots: Any, pieces: Any, decision_id: str, where: str
+    ) -> Any:
         rid = str(req.rid)
-        if k > 0 and rid.startswith(DUMP_PREFIX) and st.private is not None:
+        if rid.startswith(DUMP_PREFIX):
             data = {
                 "rid": rid,
                 "tokens": [int(t) for t in req.origin_input_ids],
-                "pieces": [p.as_span() for p in st.pieces],
-                "private_base": int(st.private_base),
-                "recipient": _layers(cache.kv_pool, st.private),
+                "pieces": [p.as_span() for p in pieces],
+                "where": where,
+                "recipient": _layers(cache.kv_pool, slots),
                 "donor": _layers(cache.kv_pool, st.src_slots),
                 "donor_id": st.donor.donor_id,
             }
@@ -144,5 +145,5 @@ def _install_kv_dump(directory: Path) -> None:
             _save(directory, f"{rid}.release.pt", data)
         return None
 
-    HookRegistry.register(f"{target}._realize", after_realize, HookType.AFTER)
+    HookRegistry.register(f"{target}._realized", after_realized, HookType.AFTER)
     HookRegistry.register(f"{target}.on_release", before_release, HookType.BEFORE)

@@ -640,7 +640,10 @@ def pair_prompts(
     q_len: int = 32,
     *,
     unrelated: bool = False,
+    wrapper: int = 0,
 ) -> PairPrompts:
+    """Donor ``[S][I][E][Q1]``; recipient ``[S][E][Q2]``, or with ``wrapper`` tokens of a new
+    instruction ``[S][W][E][Q2]`` (E then lies after fresh tokens: a region past the front)."""
     system, instruction, evidence = (
         block(f"{seed}/S", s_len),
         block(f"{seed}/I", i_len),
@@ -652,9 +655,10 @@ def pair_prompts(
     )
     if unrelated:
         evidence = block(f"{seed}/E-other", e_len)
-    rcp, rsegs = layout([("system", system), ("evidence", evidence), ("question", q2)])
+    front = [("system", system)] + ([("instruction", block(f"{seed}/W", wrapper))] if wrapper else [])
+    rcp, rsegs = layout([*front, ("evidence", evidence), ("question", q2)])
     primer, psegs = layout([("system", system), ("question", q1)])
-    return PairPrompts(donor, dsegs, rcp, rsegs, primer, psegs, s_len, e_len)
+    return PairPrompts(donor, dsegs, rcp, rsegs, primer, psegs, s_len + wrapper, e_len)
 
 
 def settle(server: Server, timeout: float = 120.0) -> None:

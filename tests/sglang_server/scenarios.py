@@ -22,6 +22,7 @@ from tests.sglang_server.rig import (
     Result,
     Server,
     block,
+    layout,
     pair_prompts,
     read_audit,
     run_concurrently,
@@ -186,6 +187,94 @@ def cohorts(server: Server, tag: str, pairs: int = 1, e_len: int = 2048) -> Outc
         c, w = out.median(f"{key} cold"), out.median(f"{key} warm")
         if c and w:
             out.notes.append(f"{key}: TTFT cold {c:.0f} ms, warm {w:.0f} ms, warm/cold {w / c:.2f}")
+    _server_problems(server, out)
+    return out
+
+
+# ---- regions: approved evidence after fresh tokens -------------------------------------------
+
+
+def _two_region_pair(seed: str) -> tuple[list[int], Any, list[int], Any, int]:
+    """Donor ``[S][W][E1][X][E2][Q1]``, recipient ``[S][W'][E1][X'][E2][Q2]`` (new wrapper and a
+    new separator: E1 and E2 each follow fresh tokens). Lengths are multiples of 16 (pages)."""
+    s, e1, e2 = block(f"{seed}/S", 256), block(f"{seed}/E1", 512), block(f"{seed}/E2", 512)
+    donor, dsegs = layout(
+        [
+            ("system", s),
+            ("instruction", block(f"{seed}/W", 64)),
+            ("evidence", e1),
+            ("other", block(f"{seed}/X", 48)),
+            ("evidence", e2),
+            ("question", block(f"{seed}/Q1", 32)),
+        ]
+    )
+    rcp, rsegs = layout(
+        [
+            ("system", s),
+            ("instruction", block(f"{seed}/W2", 96)),
+            ("evidence", e1),
+            ("other", block(f"{seed}/X2", 80)),
+            ("evidence", e2),
+            ("question", block(f"{seed}/Q2", 32)),
+        ]
+    )
+    return donor, dsegs, rcp, rsegs, len(e1) + len(e2)
+
+
+def regions(server: Server, tag: str, burst: int = 4) -> Outcome:
+    """Evidence behind a new wrapper is realized in the middle of the prompt: a two-region pair
+    (both regions realized, each its own ``realization`` event), then ``burst`` new-wrapper
+    recipients sent at once (SGLang chunks one request at a time: the others wait their turn)."""
+    out = Outcome(f"regions[{tag}]")
+    gw = server.gateway
+    donor, dsegs, rcp, rsegs, want = _two_region_pair(f"{tag}-two")
+    ns = f"ns-{tag}-two"
+    d = server.generate(donor, rid=f"{tag}-two-donor", extra_key=gw.token("acme", ns, dsegs))
+    settle(server)
+    w = server.generate(rcp, rid=f"{tag}-two-warm", extra_key=gw.token("acme", ns, rsegs))
+    sent = [d, w]
+    pairs = [pair_prompts(f"{tag}-w{i}", e_len=1024, wrapper=96) for i in range(burst)]
+    sent += run_concurrently(
+        [
+            (
+                lambda p=p, i=i: server.generate(
+                    p.donor, rid=f"{tag}-d{i}", extra_key=gw.token("acme", f"ns-{tag}-{i}", p.donor_segs)
+                )
+            )
+            for i, p in enumerate(pairs)
+        ],
+        workers=burst,
+    )
+    settle(server)
+    sent += run_concurrently(
+        [
+            (
+                lambda p=p, i=i: server.generate(
+                    p.recipient,
+                    rid=f"{tag}-r{i}",
+                    extra_key=gw.token("acme", f"ns-{tag}-{i}", p.recipient_segs),
+                )
+            )
+            for i, p in enumerate(pairs)
+        ],
+        workers=burst,
+    )
+    _sent(out, sent)
+    audit = _audit(server)
+    out.absorb(audit, f"{tag}-")
+    events = [r for r in audit.realizations if r["request_id"] == f"{tag}-two-warm"]
+    out.expect(
+        audit.realized.get(f"{tag}-two-warm") == want,
+        f"{tag}-two-warm: realized {audit.realized.get(f'{tag}-two-warm')} of {want}",
+    )
+    out.expect(
+        [r["detail"].rsplit("; ", 1)[-1] for r in events] == ["region at 352", "region at 944"],
+        f"{tag}-two-warm: realizations {[r['detail'] for r in events]}",
+    )
+    for i in range(burst):
+        got = audit.realized.get(f"{tag}-r{i}", 0)
+        out.expect(got == 1024, f"{tag}-r{i}: realized {got} of 1024 behind a new wrapper")
+    out.notes.append(f"two-region TTFT {w.ttft_ms:.0f} ms; {burst} new-wrapper recipients at once")
     _server_problems(server, out)
     return out
 

@@ -43,3 +43,11 @@ def test_concurrency_mixes_recipients_donors_and_plain_traffic(server: Server) -
     assert not out.problems, out.problems
     assert out.realizations == 10
     assert_healthy(server)
+
+
+def test_evidence_behind_a_new_wrapper_is_realized_mid_prompt(server: Server) -> None:
+    """Evidence approved after fresh tokens is realized between prefill chunks (two regions too)."""
+    out = scenarios.regions(server, f"g{server.config.page_size}")
+    assert not out.problems, out.problems
+    assert out.realizations == 2 + 4 and out.realized_tokens == 1024 + 4 * 1024
+    assert_healthy(server)

@@ -77,33 +77,45 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def test_realized_kv_equals_cold_prefill_after_rerotation(server: Server) -> None:
-    """Layer-0 K/V of realized tokens equal a cold prefill's; every layer is the donor's, re-rotated."""
+@pytest.mark.parametrize(
+    ("wrapper", "where"), [(0, "front"), (96, "region at 352")], ids=["front", "after-new-wrapper"]
+)
+def test_realized_kv_equals_cold_prefill_after_rerotation(server: Server, wrapper: int, where: str) -> None:
+    """Layer-0 K/V of realized tokens equal a cold prefill's; every layer is the donor's, re-rotated.
+
+    ``front``: recipient ``[S][E][Q2]`` (E loaded at admission); ``after-new-wrapper``:
+    ``[S][W'][E][Q2]`` with a new 96-token instruction, so E follows fresh tokens and is written
+    into the row between two prefill chunks."""
     gw = server.gateway
-    p = pair_prompts("kv-correctness", e_len=1024)
-    ns, cold_ns = "ns-kv", "ns-kv-cold"
+    p = pair_prompts(f"kv-correctness-{wrapper}", e_len=1024, wrapper=wrapper)
+    ns, cold_ns = f"ns-kv-{wrapper}", f"ns-kv-{wrapper}-cold"
     assert server.generate(
-        p.primer, rid="kvdump-primer", extra_key=gw.token("acme", cold_ns, p.primer_segs)
+        p.primer, rid=f"kvdump-{wrapper}-primer", extra_key=gw.token("acme", cold_ns, p.primer_segs)
     ).ok
     cold = server.generate(
-        p.recipient, rid="kvdump-cold", extra_key=gw.token("acme", cold_ns, p.recipient_segs)
+        p.recipient, rid=f"kvdump-{wrapper}-cold", extra_key=gw.token("acme", cold_ns, p.recipient_segs)
     )
-    donor = server.generate(p.donor, rid="kvdump-donor", extra_key=gw.token("acme", ns, p.donor_segs))
+    donor = server.generate(
+        p.donor, rid=f"kvdump-{wrapper}-donor", extra_key=gw.token("acme", ns, p.donor_segs)
+    )
     settle(server)
-    warm = server.generate(p.recipient, rid="kvdump-warm", extra_key=gw.token("acme", ns, p.recipient_segs))
+    warm = server.generate(
+        p.recipient, rid=f"kvdump-{wrapper}-warm", extra_key=gw.token("acme", ns, p.recipient_segs)
+    )
     assert cold.ok and donor.ok and warm.ok, (cold.error, donor.error, warm.error)
     audit = summarize(read_audit(server.files.audit_dir))
-    assert audit.realized.get("kvdump-warm") == p.evidence_len
+    assert audit.realized.get(f"kvdump-{wrapper}-warm") == p.evidence_len
 
     d = server.kv_dump_dir
-    realized = torch.load(d / "kvdump-warm.realized.1.pt")
-    warm_row = torch.load(d / "kvdump-warm.release.pt")["row"]
-    cold_row = torch.load(d / "kvdump-cold.release.pt")["row"]
+    realized = torch.load(d / f"kvdump-{wrapper}-warm.realized.1.pt")
+    warm_row = torch.load(d / f"kvdump-{wrapper}-warm.release.pt")["row"]
+    cold_row = torch.load(d / f"kvdump-{wrapper}-cold.release.pt")["row"]
     (piece,) = realized["pieces"]
+    assert realized["where"].startswith(where), realized["where"]
     start, n = piece["recipient_start"], piece["length"]
     assert (piece["kind"], start, n) == ("shifted", p.evidence_start, p.evidence_len)
     shift = piece["recipient_start"] - piece["donor_start"]
-    assert shift == -64  # len(I): E moved 64 positions forward
+    assert shift == wrapper - 64  # len(W') - len(I): E moved by the difference
     rope = _rope(server)
     if rope.scaling != "default":  # the backend took the scaled RoPE from the served model itself
         assert f"re-rotated ({rope.scaling} RoPE)" in server.log_text()
