@@ -22,11 +22,13 @@ then the cohort's recipient:
 Per cohort (medians over ``--pairs``): cold TTFT (the recipient in a namespace no donor reaches,
 primed with ``[S]``), stock warm TTFT (the stock server, same order of requests), semgov warm
 TTFT, the TTFT of an exact-prefix hit of the same prompt on the semgov server (the recipient sent
-again: SGLang's own cache at its best, the reference for the 1.2x target), approved tokens (the
-allow decision's ``approved_tokens``), realized tokens (``realization`` events) and the realized
-share of approved. Checks printed at the end: realized share >= 90% on ``new_wrapper``; semgov
-warm TTFT within 1.2x of the exact hit on the cohorts semgov realizes; nothing realized for
-``other_tenant`` and ``unrelated``. TTFTs depend on the machine: compare within one run only.
+again: SGLang's own cache at its best, the reference for the 1.2x target), approved tokens past
+the warm request's exact-prefix hit (the allow decision's spans; tokens SGLang already had need
+no realization), realized tokens (``realization`` events) and the realized share of approved.
+One throwaway pair warms each server up first. Checks printed at the end: realized share >= 90%
+on ``new_wrapper``; semgov warm TTFT within 1.2x of the exact hit on the cohorts semgov
+realizes; nothing realized for ``other_tenant`` and ``unrelated``. TTFTs depend on the
+machine: compare within one run only.
 """
 
 from __future__ import annotations
@@ -133,23 +135,32 @@ def run_backend(backend: str, args: argparse.Namespace, work: Path) -> dict[str,
             # NOTE: the stock cache gets plain exact keys per namespace (it has no use for a context).
             return gw.token(tenant, ns, segs) if governed else f"plain-{tenant}-{ns}"
 
+        exact_len: dict[str, int] = {}
+
         def ttft(server: Server, toks: list[int], rid: str, k: str | None) -> float | None:
             r = server.generate(toks, rid=rid, extra_key=k, max_new_tokens=2)
             return r.ttft_ms if r.ok else None
 
-        for cohort in COHORTS:
-            for n in range(args.pairs):
-                p = make_pair(cohort, f"srv-{cohort}-{n}", args.evidence)
+        for cohort in ("warm-up", *COHORTS):  # NOTE: the first pair only warms the server up
+            for n in range(1 if cohort == "warm-up" else args.pairs):
+                p = make_pair(
+                    "new_wrapper" if cohort == "warm-up" else cohort, f"srv-{cohort}-{n}", args.evidence
+                )
                 ns, cold = f"ns-{cohort}-{n}", f"ns-{cohort}-{n}-cold"
                 rid = f"{cohort}-{n}"
                 ttft(server, p.primer[0], f"{rid}-primer", key(p.tenant, cold, p.primer[1]))
                 c = ttft(server, p.recipient[0], f"{rid}-cold", key(p.tenant, cold, p.recipient[1]))
                 ttft(server, p.donor[0], f"{rid}-donor", key("acme", ns, p.donor[1]))
                 settle(server)
+                # NOTE: the warm request's exact match is what it shares with the donor in the tree.
+                exact_len[f"{rid}-warm"] = next(
+                    (j for j, (a, b) in enumerate(zip(p.recipient[0], p.donor[0], strict=False)) if a != b),
+                    min(len(p.recipient[0]), len(p.donor[0])),
+                )
                 w = ttft(server, p.recipient[0], f"{rid}-warm", key(p.tenant, ns, p.recipient[1]))
                 x = ttft(server, p.recipient[0], f"{rid}-again", key(p.tenant, ns, p.recipient[1]))
                 for name, v in (("cold", c), ("warm", w), ("exact", x)):
-                    if v is not None:
+                    if v is not None and cohort != "warm-up":
                         rows[cohort].setdefault(name, []).append(v)
         settle(server)
         if governed:
@@ -157,10 +168,19 @@ def run_backend(backend: str, args: argparse.Namespace, work: Path) -> dict[str,
             for cohort in COHORTS:
                 for n in range(args.pairs):
                     rid = f"{cohort}-{n}-warm"
+                    # NOTE: approved tokens past the exact-prefix hit: those already in SGLang's own
+                    # cache need no realization (the system prompt, typically).
+                    m = exact_len.get(rid, 0)
                     approved = sum(
-                        int(d["approved_tokens"])
+                        max(
+                            0,
+                            int(sp["recipient_start"])
+                            + int(sp["length"])
+                            - max(m, int(sp["recipient_start"])),
+                        )
                         for d in audit.decisions.get(rid, [])
                         if d["decision"] == "allow"
+                        for sp in d["approved_spans"]
                     )
                     rows[cohort].setdefault("approved", []).append(approved)
                     rows[cohort].setdefault("realized", []).append(audit.realized.get(rid, 0))

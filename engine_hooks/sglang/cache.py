@@ -83,7 +83,15 @@ from engine_hooks.sglang.context import KEY_PREFIX, RequestContext, anonymous_ca
 from engine_hooks.sglang.governor import DonorSpec, Governor, LiveDonor, PendingDecision
 from engine_hooks.sglang.guard import InvariantGuard, InvariantViolation
 from engine_hooks.sglang.kv_copy import copy_kv
-from engine_hooks.sglang.plan import Piece, Region, plan_pieces, plan_regions, planned_tokens, request_label
+from engine_hooks.sglang.plan import (
+    Piece,
+    Region,
+    plan_pieces,
+    plan_regions,
+    planned_tokens,
+    recompute_leading,
+    request_label,
+)
 from engine_hooks.sglang.rope import RopeSpec
 from semgov._internal.log import get_logger
 from semgov.decide import SignedDecision
@@ -292,7 +300,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         self._collect(st)
         if st.chosen is None:
             return result
-        k = planned_tokens(st.chosen.approved_spans, m, limit, st.donor_len, self.page_size)
+        k = planned_tokens(self._spans(st.chosen), m, limit, st.donor_len, self.page_size)
         st.regions = self._regions(st.chosen, m + k, limit, st.donor_len)
         if k == 0:
             return result
@@ -458,12 +466,19 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             if d_len == 0:
                 self.gov.drop_donor(entry.donor_id)  # evicted: nothing left to reuse
                 continue
-            k = planned_tokens(dec.approved_spans, st.m0, st.limit0, d_len, self.page_size)
+            k = planned_tokens(self._spans(dec), st.m0, st.limit0, d_len, self.page_size)
             k += sum(r.length for r in self._regions(dec, st.m0 + k, st.limit0, d_len))
             if k > best:
                 best, st.chosen, st.donor, st.donor_len = k, dec, entry, d_len
         if st.chosen is not None:
             st.deadline = time.monotonic() + self.gov.settings.audit_wait_ms / 1000
+
+    def _spans(self, dec: SignedDecision) -> list[Any]:
+        """What of a decision's approved spans is copied: all of it, less the leading share of
+        shifted spans the settings have recomputed (``SEMGOV_SHIFTED_RECOMPUTE_PCT``)."""
+        assert self.gov is not None
+        pct = self.gov.settings.shifted_recompute_pct
+        return list(dec.approved_spans) if pct == 0 else recompute_leading(dec.approved_spans, pct / 100)
 
     def _regions(self, dec: SignedDecision, start: int, limit: int, donor_len: int) -> tuple[Region, ...]:
         assert self.gov is not None
@@ -472,7 +487,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             return ()
         return tuple(
             plan_regions(
-                dec.approved_spans,
+                self._spans(dec),
                 start,
                 limit,
                 donor_len,
@@ -573,7 +588,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         limit = min(
             req._compute_max_prefix_len(len(req.full_untruncated_fill_ids)), len(req.origin_input_ids)
         )
-        pieces = plan_pieces(st.chosen.approved_spans, m, limit, st.donor_len, self.page_size)
+        pieces = plan_pieces(self._spans(st.chosen), m, limit, st.donor_len, self.page_size)
         k = sum(p.length for p in pieces)
         decision_id = str(st.chosen.record["decision_id"])
         try:
@@ -708,11 +723,16 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         st = state_of(req) if self.gov is not None else None
         if st is None or not st.regions or self.reuse_disabled is not None:
             return None
-        cap = st.regions[0].start - int(req.prefix_len)
-        if cap <= 0:
-            st.regions = tuple(r for r in st.regions if r.start > int(req.prefix_len))
+        try:
+            cap = st.regions[0].start - int(req.prefix_len)
+            if cap <= 0:
+                st.regions = tuple(r for r in st.regions if r.start > int(req.prefix_len))
+                return None
+            return cap
+        except Exception as e:  # noqa: BLE001 - any doubt: no regions, the request is computed
+            self._hook_error("chunk_limit", req, e)
+            st.regions = ()
             return None
-        return cap
 
     def advance_chunked(self, req: Any) -> int:
         """Scheduler thread, before a prefill round, for SGLang's chunked request: if its computed

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -132,6 +133,19 @@ def plan_regions(
         if region.length >= max(min_tokens, page_size):
             out.append(region)
             p = region.end
+    return out
+
+
+def recompute_leading(spans: Sequence[Mapping[str, Any]], share: float) -> list[dict[str, Any]]:
+    """The approved spans with the leading ``ceil(share * length)`` tokens of every *shifted* span
+    left out (recomputed by the model instead of copied), as the CPU reference engine does for
+    quality; prefix spans are unchanged. ``share`` 0 returns the spans as they are."""
+    out: list[dict[str, Any]] = []
+    for s in spans:
+        rs, ds, n, kind = int(s["recipient_start"]), int(s["donor_start"]), int(s["length"]), str(s["kind"])
+        r = min(n, math.ceil(share * n)) if kind == "shifted" and share > 0 else 0
+        if n - r > 0:
+            out.append({"recipient_start": rs + r, "donor_start": ds + r, "length": n - r, "kind": kind})
     return out
 
 

@@ -72,6 +72,9 @@ class HookSettings:
     ends a prefill chunk where it starts and costs one more prefill round; 0 turns it off."""
     min_region_tokens: int = 64
     """The shortest such run worth its extra prefill round (shorter ones are computed)."""
+    shifted_recompute_pct: int = 0
+    """Percent of every shifted span's leading tokens that are recomputed instead of copied (the
+    CPU reference engine recomputes 5% for quality); those spans are then realized as regions."""
     audit_keyring: Path | None = None
     """Audit keyring (docs/formats.md) of other keys whose seals and checkpoints the audit log may end in:
     after rotating ``SEMGOV_SIGNING_KEY``, the previous key (docs/operations.md)."""
@@ -145,6 +148,7 @@ class HookSettings:
             decision_process=flag("SEMGOV_DECISION_PROCESS", True),
             max_regions=integer("SEMGOV_MAX_REGIONS", 4, 0, 64),
             min_region_tokens=integer("SEMGOV_MIN_REGION_TOKENS", 64, 1, 1 << 24),
+            shifted_recompute_pct=integer("SEMGOV_SHIFTED_RECOMPUTE_PCT", 0, 0, 100),
             audit_keyring=optional_path("SEMGOV_AUDIT_KEYRING"),
             context_key_previous=optional_path("SEMGOV_CONTEXT_KEY_PREVIOUS"),
         )

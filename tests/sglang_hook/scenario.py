@@ -56,6 +56,17 @@ class Blocks:
     def recipient(self) -> Layout:
         return _layout([("system", self.system), ("evidence", self.evidence), ("question", self.q2)])
 
+    def wrapped(self, wrapper: list[int]) -> Layout:
+        """``[S][W'][E][Q2]``: the evidence behind a new instruction (a region past the front)."""
+        return _layout(
+            [
+                ("system", self.system),
+                ("instruction", wrapper),
+                ("evidence", self.evidence),
+                ("question", self.q2),
+            ]
+        )
+
     def other_evidence(self, seed: int) -> Layout:
         rng = random.Random(seed)
         return _layout([("system", self.system), ("evidence", _block(rng, E_LEN)), ("question", self.q2)])

@@ -401,3 +401,44 @@ def test_events_still_owed_by_a_dead_decision_process_are_signed_here(make_harne
         "probe after the child died"
     ]
     assert gov.remote.broken is not None
+
+
+def test_a_wrapped_recipient_plans_a_region_and_caps_its_first_chunk_there(make_harness: Any) -> None:
+    """[S][W'][E][Q2]: the region starts after W'; the cap waits while another request is mid-chunk,
+    until the decision deadline, then gives the region up (computed cold)."""
+    h = make_harness()
+    b = blocks()
+    run_donor(h, b)
+    lay = b.wrapped(list(range(500, 524)))
+    rcp = new_recipient(h, b, lay=lay)
+    h.match(rcp)
+    st = state_of(rcp)
+    assert st is not None and st.chosen is not None and rcp.host_hit_length == 0
+    [region] = st.regions
+    assert (region.start, region.length) == (S_LEN + 24, E_LEN)
+    assert h.tree.chunk_cap(rcp, False) == 24  # the first chunk is W' only
+    assert h.tree.chunk_cap(rcp, True) == 0  # SGLang tracks one chunked request: wait a round
+    assert st.region_deadline > time.monotonic() + 20  # the decision deadline (30 s in the harness)
+    st.region_deadline = time.monotonic() - 0.001  # ... has passed
+    assert h.tree.chunk_cap(rcp, True) is None and st.regions == ()
+    h.abort_waiting(rcp)
+    h.assert_clean()
+
+
+def test_a_recomputed_head_turns_a_shifted_front_run_into_a_region(make_harness: Any) -> None:
+    """SEMGOV_SHIFTED_RECOMPUTE_PCT=5: E's first 20 tokens are computed, the rest is a region after them."""
+    h = make_harness(SEMGOV_SHIFTED_RECOMPUTE_PCT="5")
+    b = blocks()
+    run_donor(h, b)
+    rcp = new_recipient(h, b)
+    h.match(rcp)
+    st = state_of(rcp)
+    assert st is not None and st.chosen is not None
+    assert rcp.host_hit_length == 0  # nothing copied at the exact-match end any more
+    [region] = st.regions
+    head = -(-E_LEN * 5 // 100)
+    assert (region.start, region.length) == (S_LEN + head, E_LEN - head)
+    assert h.tree.chunk_cap(rcp, False) == head
+    assert st.chosen.record["approved_tokens"] >= E_LEN  # the signed decision itself is unchanged
+    h.abort_waiting(rcp)
+    h.assert_clean()

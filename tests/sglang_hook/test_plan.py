@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine_hooks.sglang.plan import Piece, Region, plan_pieces, plan_regions
+from engine_hooks.sglang.plan import Piece, Region, plan_pieces, plan_regions, recompute_leading
 
 
 def _span(rs: int, ds: int, n: int, kind: str = "shifted") -> dict[str, Any]:
@@ -68,3 +68,15 @@ def test_planning_stays_bounded_for_many_tiny_spans() -> None:
     """Ten thousand one-token spans (well-formed, signed or not) plan in bounded work and yield no region."""
     spans = [_span(2 * i, 2 * i, 1) for i in range(10_000)]
     assert plan_regions(spans, 0, 30_000, 30_000, 1, max_regions=4, min_tokens=64) == []
+
+
+def test_recompute_leading_leaves_out_the_head_of_shifted_spans_only() -> None:
+    """5% of each shifted span's head (rounded up) goes to the model; prefix spans, share 0: unchanged."""
+    spans = [_span(0, 0, 256, "prefix"), _span(320, 256, 1000), _span(1400, 1300, 10)]
+    assert recompute_leading(spans, 0.0) == spans
+    assert recompute_leading(spans, 0.05) == [
+        _span(0, 0, 256, "prefix"),
+        _span(370, 306, 950),
+        _span(1401, 1301, 9),
+    ]
+    assert recompute_leading([_span(5, 0, 3)], 1.0) == []

@@ -56,12 +56,15 @@ def plan(device: str, pairs: int) -> list[tuple[str, ServerConfig, list[tuple[st
             ("flush", scenarios.flush_under_load),
             ("rids", scenarios.rid_collisions),
             ("hostile", scenarios.hostile_extra_keys),
+            ("regions", scenarios.regions),
         ],
         "page16-no-overlap": [
             ("cohorts", cohorts),
             ("concurrency", scenarios.concurrency),
             ("aborts", scenarios.aborts),
+            ("regions", scenarios.regions),
         ],
+        "llama3-rope": [("cohorts", cohorts), ("regions", scenarios.regions)],
         "retract": [("retraction", scenarios.retraction)],
         "pressure": [("pressure", scenarios.pressure)],
     }
