@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
 import engine_hooks.sglang.governor as governor_mod
 from engine_hooks.sglang.cache import state_of
@@ -441,4 +442,70 @@ def test_a_recomputed_head_turns_a_shifted_front_run_into_a_region(make_harness:
     assert h.tree.chunk_cap(rcp, False) == head
     assert st.chosen.record["approved_tokens"] >= E_LEN  # the signed decision itself is unchanged
     h.abort_waiting(rcp)
+    h.assert_clean()
+
+
+def _to_region_boundary(h: Any, b: Any) -> Any:
+    """A wrapped recipient whose first chunk (W' only) ran and was stashed, as SGLang does it."""
+    from sglang.srt.mem_cache.common import checkpoint_kv_cache
+
+    run_donor(h, b)
+    rcp = new_recipient(h, b, lay=b.wrapped(list(range(500, 524))))
+    h.match(rcp)
+    cap = h.tree.chunk_cap(rcp, False)
+    h.admit(rcp, cap)
+    h.prefill([rcp])
+    checkpoint_kv_cache(rcp, h.tree)
+    rcp.init_next_round_input()
+    assert rcp.prefix_len == S_LEN + 24
+    return rcp
+
+
+def test_a_region_is_written_into_the_row_between_chunks_with_cold_kv(make_harness: Any) -> None:
+    """At the chunk boundary the region's re-rotated K/V join the row; the next chunk starts after it."""
+    h = make_harness()
+    rcp = _to_region_boundary(h, blocks())
+    start = S_LEN + 24
+    assert h.tree.advance_chunked(rcp) == E_LEN
+    assert rcp.prefix_len == rcp.kv.kv_allocated_len == start + E_LEN and state_of(rcp).regions == ()
+    ok, msg = h.invariant()
+    assert ok, msg
+    row = h.row(rcp)
+    toks = torch.as_tensor(list(rcp.origin_input_ids[start : start + E_LEN]))
+    for layer in h.model.layers:  # the synthetic model's K/V depend on token and position only
+        k, v = h.model.expected(toks, torch.arange(start, start + E_LEN), layer)
+        torch.testing.assert_close(
+            h.kv.get_key_buffer(layer)[row[start : start + E_LEN]], k, atol=2e-5, rtol=1e-5
+        )
+        assert torch.equal(h.kv.get_value_buffer(layer)[row[start : start + E_LEN]], v)
+    rcp.extend_end = len(rcp.full_untruncated_fill_ids)
+    h.prefill([rcp])
+    h.finish(rcp)
+    [real] = [r for r in h.records() if r.get("kind") == "realization"]
+    assert real["materialized_tokens"] == E_LEN and real["detail"].endswith(f"region at {start}")
+    h.assert_clean()
+
+
+def test_a_region_plan_whose_donor_tokens_differ_is_refused_and_the_request_runs_cold(
+    make_harness: Any,
+) -> None:
+    """A well-formed plan naming other donor positions fails the token check: audited, nothing leaks."""
+    from engine_hooks.sglang.plan import Piece, Region
+
+    h = make_harness()
+    rcp = _to_region_boundary(h, blocks())
+    st = state_of(rcp)
+    assert st is not None
+    [region] = st.regions
+    [p] = region.pieces
+    st.regions = (Region(region.start, (Piece(p.recipient_start, p.donor_start - 8, p.length, p.kind),)),)
+    assert h.tree.advance_chunked(rcp) == 0
+    assert st.regions == () and st.chosen is None and rcp.prefix_len == S_LEN + 24
+    assert h.tree.reuse_disabled is None
+    rcp.extend_end = len(rcp.full_untruncated_fill_ids)
+    h.prefill([rcp])
+    h.finish(rcp)
+    [failed] = [r for r in h.records() if r.get("kind") == "realization_failed"]
+    assert "tokens differ" in failed["detail"]
+    assert not [r for r in h.records() if r.get("kind") == "realization"]
     h.assert_clean()
