@@ -1,9 +1,11 @@
 """Governed reuse per cohort in a real SGLang server on CPU: TTFT, approved and realized tokens.
 
-Usage: ``python benchmarks/sglang_server.py [--model tiny|smollm2-arch] [--pairs 3] [--evidence 2048]``
+Usage: ``python benchmarks/sglang_server.py [--model tiny|smollm2-arch] [--pairs 3] [--evidence 2048]
+[--tp 2]``
 
 Two real SGLang 0.5.23 servers on CPU, one after the other (the rig's ``page1-overlap``
-configuration: chunked prefill 1,024, overlap scheduling, dummy weights): ``stock`` is SGLang's
+configuration: chunked prefill 1,024, overlap scheduling, dummy weights; ``--tp 2``: the ``tp2``
+configuration, the same with two tensor-parallel ranks, one core each): ``stock`` is SGLang's
 own radix cache, ``semgov`` the governed backend. Per cohort and pair, a donor
 ``[S][I][E][Q1]`` (S 256, I 64, E ``--evidence``, Q 32 tokens) runs first in its own namespace,
 then the cohort's recipient:
@@ -121,7 +123,7 @@ def make_pair(cohort: str, seed: str, e_len: int) -> Pair:
 
 def run_backend(backend: str, args: argparse.Namespace, work: Path) -> dict[str, dict[str, list[float]]]:
     cfg = replace(
-        server_configs()["page1-overlap"],
+        server_configs()["page1-overlap" if args.tp == 1 else "tp2"],
         model=TINY_MODEL if args.model == "tiny" else SMOLLM2_ARCH,
         backend=None if backend == "stock" else "semgov",
         kv_dump=False,
@@ -203,12 +205,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", choices=("tiny", "smollm2-arch"), default="tiny")
     ap.add_argument("--pairs", type=int, default=3, help="pairs per cohort (default 3)")
     ap.add_argument("--evidence", type=int, default=2048, help="evidence tokens per prompt (default 2048)")
+    ap.add_argument(
+        "--tp", type=int, choices=(1, 2), default=1, help="tensor-parallel ranks (2: the rig's tp2 server)"
+    )
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="semgov-srv-bench-"))
     stock = run_backend("stock", args, work)
     gov = run_backend("semgov", args, work)
     print(
-        f"model {args.model}; {args.pairs} pairs per cohort, {args.evidence}-token evidence; work dir {work}"
+        f"model {args.model}; {args.pairs} pairs per cohort, {args.evidence}-token evidence, "
+        f"tp {args.tp}; work dir {work}"
     )
     head = (
         f"{'cohort':<20} {'cold ms':>8} {'stock ms':>9} {'semgov ms':>10} {'exact ms':>9} "

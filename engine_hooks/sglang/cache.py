@@ -42,6 +42,12 @@ How a request flows through it (SGLang 0.5.23's scheduler calls, in order):
    after every realization (or failed one) and at the release or abort of every request that
    received realized slots: wherever the hook changed the pool.
 
+With tensor parallelism (:mod:`engine_hooks.sglang.tp`) every rank runs this cache over its own
+KV shard: rank 0 decides and audits, and at the start of each prefill round every rank applies
+rank 0's message (:meth:`GovernedRadixCache.sync_round`: finished decisions, durable records,
+registry changes, its clock), so holds, host hits, chunk caps and realizations are the same on
+every rank; a realization stands only if every rank's copy did.
+
 NOTE: invariants:
 - Reused KV is only ever *copied* into slots the recipient owns; donor slots are never adopted,
   shared or written.
@@ -63,6 +69,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import queue
 import secrets
 import time
 import weakref
@@ -93,6 +100,7 @@ from engine_hooks.sglang.plan import (
     request_label,
 )
 from engine_hooks.sglang.rope import RopeSpec
+from engine_hooks.sglang.tp import Choice, DonorOp, FollowerGovernor, RoundSync, TpLink
 from semgov._internal.log import get_logger
 from semgov.decide import SignedDecision
 
@@ -157,14 +165,32 @@ def state_of(req: Any) -> _State | None:
 class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
     """``UnifiedRadixCache`` whose semantic reuse is decided by semgov (see the module docstring)."""
 
-    gov: Governor | None = None
+    gov: Governor | FollowerGovernor | None = None
 
-    def attach(self, governor: Governor, *, rope: RopeSpec | None, strict: bool) -> None:
-        """Turn governance on (called once by the backend factory, after SGLang built the tree)."""
+    def attach(
+        self,
+        governor: Governor | FollowerGovernor,
+        *,
+        rope: RopeSpec | None,
+        strict: bool,
+        tp: TpLink | None = None,
+    ) -> None:
+        """Turn governance on (called once by the backend factory, after SGLang built the tree; with
+        tensor parallelism on every rank, rank 0 with the :class:`Governor`, see :mod:`.tp`)."""
         self.gov = governor
         self.rope = rope
         self.strict = strict
+        self.tp = tp
         self.boot = secrets.token_hex(4)
+        self._now = 0.0  # with TP: the leader's clock at the last round start (see _clock)
+        self._audit_seen: str | None = None  # with TP: the leader's audit state at that round start
+        self._disable_pending: str | None = None  # with TP: reuse goes off at the next round start
+        self._round_decisions: dict[int, list[SignedDecision]] = {}
+        if tp is not None:
+            # NOTE: donor ids and isolated tree keys embed the boot id: the same on every rank.
+            self.boot = str(tp.broadcast(self.boot))
+            if isinstance(governor, Governor):
+                governor.donor_log = []
         self._serials = itertools.count(1)
         # NOTE: requests the hook has state for, by server-side serial; weak, so a request SGLang
         # drops without telling the cache cannot keep its state (or the guard's view) alive.
@@ -254,10 +280,11 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         if self.gov is None or req is None:
             return super().match_prefix(params)
         t0 = time.perf_counter_ns()
-        try:
-            self.gov.drain_donors()
-        except Exception as e:  # noqa: BLE001 - a registry problem costs reuse, never the scheduler
-            self._hook_error("drain_donors", req, e)
+        if self.tp is None:  # NOTE: with TP the registry changes only at round starts (sync_round)
+            try:
+                self.gov.drain_donors()
+            except Exception as e:  # noqa: BLE001 - a registry problem costs reuse, never the scheduler
+                self._hook_error("drain_donors", req, e)
         st = self._state(req)  # NOTE: total: whatever the client sent, the request gets a key
         t1 = time.perf_counter_ns()
         key = params.key
@@ -440,38 +467,81 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         if not self.gov.has_donors(st.context, st.cache_salt):
             return  # NOTE: nothing of its scope is registered: no decision, nothing to wait for
         st.m0, st.limit0 = m, limit
-        st.queued_at = time.monotonic()
+        st.queued_at = self._clock()
         st.deadline = st.queued_at + self.gov.settings.decision_timeout_ms / 1000
         st.pending = self.gov.decide_later(st.label, st.context, st.cache_salt, req.origin_input_ids)
 
-    def _collect(self, st: _State) -> None:
-        """Take a finished decision: the allowed donor with live KV whose plan realizes the most."""
-        job = st.pending
-        if job is None or not job.done:
-            return
+    def _clock(self) -> float:
+        """``time.monotonic()``; with TP, the leader's at the round start (every rank the same)."""
+        return self._now if self.tp is not None else time.monotonic()
+
+    def _audit_broken(self) -> str | None:
         assert self.gov is not None
-        st.pending = None
-        st.decided_s = time.monotonic() - st.queued_at
-        st.decisions = job.decisions
-        if job.candidates:
-            self.stats["decided_requests"] += 1
-        self.stats["decisions"] += len(st.decisions)
-        best = 0
-        for dec, (entry, _) in zip(st.decisions, job.candidates, strict=False):
+        return self._audit_seen if self.tp is not None else self.gov.audit_broken
+
+    def _collect(self, st: _State) -> None:
+        """Take a finished decision: the allowed donor with live KV whose plan realizes the most.
+
+        NOTE: with TP this happens only at round starts (:meth:`sync_round`), on every rank alike.
+        """
+        job = st.pending
+        if self.tp is not None or job is None or not job.done:
+            return
+        choice, donor = self._choose(st, job)
+        self._take(st, choice, donor, job.decisions)
+
+    def _choose(self, st: _State, job: PendingDecision) -> tuple[Choice, LiveDonor | None]:
+        """The best allowed donor of a finished decision (changes nothing of ``st``)."""
+        assert self.gov is not None
+        best, chosen, donor, donor_len, allowed = 0, None, None, 0, 0
+        probed: list[tuple[str, int]] = []
+        for dec, (entry, _) in zip(job.decisions, job.candidates, strict=False):
             if dec.decision != "allow":
                 continue
-            self.stats["allowed"] += 1
+            allowed += 1
+            if self.tp is not None and self.gov.donor(entry.donor_id) is None:
+                continue  # NOTE: the other ranks know only registered donors
             # NOTE: liveness is measured here, on the scheduler thread, and only for allowed donors.
             d_len, _ = self._donor_path(entry)
+            probed.append((entry.donor_id, d_len))
             if d_len == 0:
                 self.gov.drop_donor(entry.donor_id)  # evicted: nothing left to reuse
                 continue
             k = planned_tokens(self._spans(dec), st.m0, st.limit0, d_len, self.page_size)
             k += sum(r.length for r in self._regions(dec, st.m0 + k, st.limit0, d_len))
             if k > best:
-                best, st.chosen, st.donor, st.donor_len = k, dec, entry, d_len
+                best, chosen, donor, donor_len = k, dec, entry, d_len
+        durable = (
+            chosen is not None
+            and self.tp is not None
+            and self.gov.decision_durable(str(chosen.record["decision_id"]), 0)
+        )
+        choice = Choice(
+            st.serial,
+            st.label,
+            len(job.decisions),
+            bool(job.candidates),
+            allowed,
+            chosen,
+            donor.donor_id if donor is not None else None,
+            donor_len,
+            durable,
+            tuple(probed),
+        )
+        return choice, donor
+
+    def _take(self, st: _State, c: Choice, donor: LiveDonor | None, decisions: list[SignedDecision]) -> None:
+        assert self.gov is not None
+        st.pending = None
+        st.decided_s = self._clock() - st.queued_at
+        st.decisions = decisions
+        self.stats["decided_requests"] += c.had_candidates
+        self.stats["decisions"] += c.decisions
+        self.stats["allowed"] += c.allowed
+        st.chosen, st.donor, st.donor_len = c.chosen, donor, c.donor_len
         if st.chosen is not None:
-            st.deadline = time.monotonic() + self.gov.settings.audit_wait_ms / 1000
+            st.durable = st.durable or c.durable
+            st.deadline = self._clock() + self.gov.settings.audit_wait_ms / 1000
 
     def _spans(self, dec: SignedDecision) -> list[Any]:
         """What of a decision's approved spans is copied: all of it, less the leading share of
@@ -510,10 +580,11 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         if self.gov is None or self.reuse_disabled is not None:
             return []
         t0 = time.perf_counter_ns()
-        try:
-            self.gov.drain_donors()
-        except Exception as e:  # noqa: BLE001 - a registry problem costs reuse, never the scheduler
-            self._hook_error("drain_donors", None, e)
+        if self.tp is None:
+            try:
+                self.gov.drain_donors()
+            except Exception as e:  # noqa: BLE001 - a registry problem costs reuse, never the scheduler
+                self._hook_error("drain_donors", None, e)
         held = [req for req in waiting if self._held(req)]
         self.stats["held"] += len(held)
         self.sched_ns_unattributed += time.perf_counter_ns() - t0
@@ -534,7 +605,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             return False  # NOTE: never seen (no decision queued) or already admitted
         t0 = time.perf_counter_ns()
         try:
-            return self._must_wait(st, time.monotonic())
+            return self._must_wait(st, self._clock())
         except InvariantViolation:
             raise
         except Exception as e:  # noqa: BLE001 - any doubt: admit it, it runs cold
@@ -562,8 +633,9 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             return False
         if st.chosen is None or st.durable:
             return False
-        st.durable = self.gov.decision_durable(str(st.chosen.record["decision_id"]), 0)
-        if st.durable or self.gov.audit_broken is not None:
+        if self.tp is None:  # NOTE: with TP, durability arrives at round starts (sync_round)
+            st.durable = self.gov.decision_durable(str(st.chosen.record["decision_id"]), 0)
+        if st.durable or self._audit_broken() is not None:
             return False
         if now < st.deadline:
             return True
@@ -588,16 +660,23 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         limit = min(
             req._compute_max_prefix_len(len(req.full_untruncated_fill_ids)), len(req.origin_input_ids)
         )
-        pieces = plan_pieces(self._spans(st.chosen), m, limit, st.donor_len, self.page_size)
-        k = sum(p.length for p in pieces)
         decision_id = str(st.chosen.record["decision_id"])
+        slots: torch.Tensor | None = None
+        err: BaseException | None = None
+        pieces: list[Piece] = []
         try:
+            pieces = plan_pieces(self._spans(st.chosen), m, limit, st.donor_len, self.page_size)
+            k = sum(p.length for p in pieces)
             if k == 0 or k != req.host_hit_length:
                 raise RealizationError(f"planned {k} tokens, admission promised {req.host_hit_length}")
             slots, _ = self._copy_from_donor(st, pieces, decision_id)
         except Exception as e:  # noqa: BLE001 - any doubt: run cold
-            self._fallback(st, decision_id, e)
+            err = e
+        err = self._agree(slots, err)
+        if err is not None or slots is None:
+            self._fallback(st, decision_id, err or RealizationError("nothing copied"))
             return 0, req.last_node
+        k = int(slots.numel())
         st.private, st.private_base, st.pieces = slots, m, tuple(pieces)
         self._realized(st, req, slots, pieces, decision_id, "front")
         return k, req.last_node
@@ -612,10 +691,10 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         req = self.reqs.get(st.serial)
         if req is None:
             raise RealizationError("the request is no longer tracked")
-        if not st.durable:
+        if not st.durable and self.tp is None:
             st.durable = self.gov.decision_durable(decision_id, 0)  # NOTE: polled, never waited for
         if not st.durable:
-            why = self.gov.audit_broken or "not yet"
+            why = self._audit_broken() or "not yet"
             raise RealizationError(f"the allow decision is not durable in the audit log ({why})")
         d_len, node = self._donor_path(st.donor)
         need = max(p.donor_start + p.length for p in pieces)
@@ -704,7 +783,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
                 st.regions = ()
                 return None
             if has_chunked_req:
-                now = time.monotonic()
+                now = self._clock()
                 if not st.region_deadline:
                     st.region_deadline = now + self.gov.settings.decision_timeout_ms / 1000
                 if now < st.region_deadline:
@@ -771,6 +850,8 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             return 0
         decision_id = str(st.chosen.record["decision_id"])
         kv = req.kv
+        slots: torch.Tensor | None = None
+        err: BaseException | None = None
         try:
             if int(kv.kv_allocated_len) != at or region.end >= len(req.full_untruncated_fill_ids):
                 raise RealizationError(
@@ -779,7 +860,10 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
                 )
             slots, _ = self._copy_from_donor(st, list(region.pieces), decision_id)
         except Exception as e:  # noqa: BLE001 - any doubt: run cold from here
-            self._fallback(st, decision_id, e)
+            err = e
+        err = self._agree(slots, err)
+        if err is not None or slots is None:
+            self._fallback(st, decision_id, err or RealizationError("nothing copied"))
             return 0
         pool = self.req_to_token_pool
         pool.write((kv.req_pool_idx, slice(at, region.end)), slots.to(pool.req_to_token.dtype))
@@ -791,6 +875,16 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         st.regions_realized += 1
         self._realized(st, req, slots, list(region.pieces), decision_id, f"region at {at}")
         return region.length
+
+    def _agree(self, slots: torch.Tensor | None, err: BaseException | None) -> BaseException | None:
+        """With TP, a realization stands only if every rank's copy of its shard succeeded (one
+        ``all_reduce``; every rank reaches it at the same call); otherwise this rank's slots are
+        freed and the request runs cold on every rank. Without TP: ``err`` unchanged."""
+        if self.tp is None or self.tp.all(err is None):
+            return err
+        if slots is not None:
+            self.token_to_kv_pool_allocator.free(slots)
+        return err or RealizationError("another tensor-parallel rank could not copy its KV shard")
 
     def _copy(self, src: torch.Tensor, dst: torch.Tensor, pieces: list[Piece]) -> None:
         """Copy on the scheduler's current stream: the next forward runs on it or waits on it."""
@@ -854,13 +948,140 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
 
     def _disable(self, reason: str) -> None:
         assert self.gov is not None
-        first = self.reuse_disabled is None
-        self.reuse_disabled = reason
         get_logger().error("semgov invariant violation: semantic reuse disabled", reason=reason)
         self.gov.event("invariant_violation", detail=reason)
-        if first:
-            for _, st in self._live():
-                st.chosen = None
-            self.gov.event("reuse_disabled", detail=reason)
+        if self.tp is not None:
+            # NOTE: ranks must change course together: reuse goes off on every rank at the next
+            # round start (sync_round); a strict rank stops the server below in any case.
+            self._disable_pending = self._disable_pending or reason
+        else:
+            self._turn_off(reason)
         if self.strict:
             raise InvariantViolation(reason)
+
+    def _turn_off(self, reason: str) -> None:
+        assert self.gov is not None
+        first = self.reuse_disabled is None
+        self.reuse_disabled = reason
+        if first:
+            for _, st in self._live():
+                st.chosen, st.regions = None, ()
+            self.gov.event("reuse_disabled", detail=reason)
+
+    # ---- tensor parallelism: every rank applies rank 0's round (see engine_hooks.sglang.tp) ----
+
+    def sync_round(self, waiting: list[Any], chunked: Any) -> None:
+        """Scheduler thread, every rank, first thing in a prefill round with work: rank 0 sends
+        what changed (finished decisions, durable records, registry changes, its clock), every
+        rank applies it, and any rank that could not makes every rank turn reuse off.
+
+        NOTE: the collectives run on every rank in the same order: whether this runs depends only
+        on state every rank shares (the waiting queue, the chunked request, ``reuse_disabled``).
+        """
+        if self.tp is None or self.gov is None or self.reuse_disabled is not None:
+            return
+        if not waiting and chunked is None:
+            return
+        t0 = time.perf_counter_ns()
+        msg = self._lead_round() if self.tp.leader else None
+        try:
+            msg = self.tp.broadcast(msg)
+        except Exception as e:  # noqa: BLE001 - e.g. a message this rank cannot unpickle
+            msg = RoundSync(time.monotonic(), None, disabled=f"the round message: {type(e).__name__}: {e}")
+        try:
+            problems = self._apply_round(msg)
+        except Exception as e:  # noqa: BLE001 - a round this rank cannot apply turns reuse off
+            problems = [f"applying the round failed: {type(e).__name__}: {e}"]
+        if problems:
+            get_logger().error("semgov TP round not applied", rank=self.tp.rank, problems=problems[:5])
+        if self.tp.any(bool(problems) or self._disable_pending is not None):
+            why = self._disable_pending or (problems[0] if problems else None)
+            self._disable_pending = None
+            where = f"rank {self.tp.rank}: {why}" if why else f"a rank other than {self.tp.rank}"
+            self._turn_off(f"tensor-parallel ranks cannot follow one plan ({where})")
+            for _, st in self._live():
+                self._drop_plan(st)
+        self.sched_ns_unattributed += time.perf_counter_ns() - t0
+
+    def _lead_round(self) -> RoundSync:
+        """Rank 0: the round's message (never raises: a failure is itself the message)."""
+        assert isinstance(self.gov, Governor)
+        now = time.monotonic()
+        try:
+            self.gov.drain_donors()
+            log = self.gov.donor_log if self.gov.donor_log is not None else []
+            ops = tuple(
+                DonorOp("add", e.donor_id, e.scope, e.cache_key, len(e.token_ids))
+                if kind == "add"
+                else DonorOp("drop", e.donor_id)
+                for kind, e in log
+            )
+            log.clear()
+            while True:
+                try:
+                    ops += (DonorOp("forget", self.gov.unregistered.get_nowait()),)
+                except queue.Empty:
+                    break
+            choices: list[Choice] = []
+            durable: list[int] = []
+            self._round_decisions = {}
+            for _, st in self._live():
+                job = st.pending
+                if job is not None and job.done:
+                    choice, _ = self._choose(st, job)
+                    choices.append(choice)
+                    self._round_decisions[st.serial] = job.decisions
+                elif st.chosen is not None and not st.durable:
+                    if self.gov.decision_durable(str(st.chosen.record["decision_id"]), 0):
+                        durable.append(st.serial)
+            log.clear()  # NOTE: the drops of evicted donors: every rank finds them in its own probes
+            return RoundSync(now, self.gov.audit_broken, ops, tuple(choices), tuple(durable))
+        except Exception as e:  # noqa: BLE001 - every rank turns reuse off, audited
+            return RoundSync(now, self.gov.audit_broken, disabled=f"rank 0: {type(e).__name__}: {e}")
+
+    def _apply_round(self, msg: RoundSync) -> list[str]:
+        """Every rank: apply rank 0's message. Returns what did not fit this rank's state."""
+        assert self.gov is not None
+        self._now, self._audit_seen = msg.now, msg.audit_broken
+        problems = [msg.disabled] if msg.disabled else []
+        if isinstance(self.gov, FollowerGovernor):
+            self.gov.audit_broken = msg.audit_broken
+            problems += self.gov.replay(msg.donor_ops)
+        live = {st.serial: st for _, st in self._live()}
+        decisions, self._round_decisions = self._round_decisions, {}
+        for c in msg.choices:
+            st = live.get(c.serial)
+            if st is None or st.label != c.rid:
+                problems.append(f"request serial {c.serial} ({c.rid}) is not this rank's")
+                continue
+            if isinstance(self.gov, FollowerGovernor):
+                problems += self._probe_as_leader(c)
+            donor = self.gov.donor(c.donor_id) if c.donor_id is not None else None
+            if c.chosen is not None and donor is None:
+                problems.append(f"donor {c.donor_id} is not registered on this rank")
+                continue
+            self._take(st, c, donor, decisions.get(c.serial, [c.chosen] if c.chosen else []))
+        for serial in msg.durable:
+            st = live.get(serial)
+            if st is None:
+                problems.append(f"request serial {serial} is not this rank's")
+            elif st.chosen is not None:
+                st.durable = True
+        return problems
+
+    def _probe_as_leader(self, c: Choice) -> list[str]:
+        """A follower walks its tree to the donors rank 0 measured, in the same order (a walk can
+        split nodes), drops those rank 0 found evicted, and reports a length rank 0 did not see."""
+        assert isinstance(self.gov, FollowerGovernor)
+        problems = []
+        for donor_id, leader_len in c.probed:
+            entry = self.gov.donor(donor_id)
+            if entry is None:
+                problems.append(f"donor {donor_id} is not registered on this rank")
+                continue
+            d_len, _ = self._donor_path(entry)
+            if d_len != leader_len:
+                problems.append(f"donor {donor_id}: {d_len} live tokens here, {leader_len} on rank 0")
+            if d_len == 0:
+                self.gov.drop_donor(donor_id)
+        return problems

@@ -30,10 +30,13 @@ def unsupported(ctx: Any) -> list[str]:
         out.append("--enable-hierarchical-cache is not supported (host hits are how the hook reports reuse)")
     if getattr(get_spec(), "speculative_algorithm", None) is not None:
         out.append("speculative decoding is not supported")
-    if int(ctx.tp_size) != 1:
-        out.append(
-            f"tensor parallelism ({ctx.tp_size} ranks) is not supported: ranks would decide separately"
-        )
+    server_args = ctx.server_args
+    if int(getattr(server_args, "pp_size", 1) or 1) != 1:
+        out.append("pipeline parallelism (--pp-size above 1) is not supported")
+    if getattr(server_args, "enable_dp_attention", False):
+        out.append("--enable-dp-attention is not supported (ranks would hold different requests)")
+    if int(ctx.tp_size) != 1 and getattr(ctx, "tp_group", None) is None:
+        out.append(f"tensor parallelism ({ctx.tp_size} ranks) without SGLang's TP process group")
     mem = get_memory()
     for flag, what in (
         ("enable_lmcache", "--enable-lmcache"),
@@ -62,6 +65,7 @@ def build_governed_cache(ctx: Any, settings: HookSettings | None = None) -> Any:
     from engine_hooks.sglang.cache import GovernedRadixCache
     from engine_hooks.sglang.governor import Governor
     from engine_hooks.sglang.rope import RopeSpec
+    from engine_hooks.sglang.tp import FollowerGovernor, TpLink
     from semgov._internal.log import get_logger
 
     problems = unsupported(ctx)
@@ -83,12 +87,20 @@ def build_governed_cache(ctx: Any, settings: HookSettings | None = None) -> Any:
     )
     server_args = ctx.server_args
     tokenizer_path = getattr(server_args, "tokenizer_path", None) or getattr(server_args, "model_path", None)
-    governor = Governor(
-        settings, engine_name=f"sglang {sglang.__version__}", tokenizer_path=str(tokenizer_path or "") or None
-    )
+    # NOTE: with tensor parallelism only rank 0 decides, signs and audits; the other ranks follow
+    # its round messages (engine_hooks.sglang.tp) and copy their own KV shards.
+    tp = TpLink(ctx.tp_group) if int(ctx.tp_size) > 1 else None
+    governor: Governor | FollowerGovernor
+    if tp is None or tp.leader:
+        engine = f"sglang {sglang.__version__}"
+        governor = Governor(settings, engine_name=engine, tokenizer_path=str(tokenizer_path or "") or None)
+    else:
+        governor = FollowerGovernor.from_settings(settings)
+    if tp is not None:
+        get_logger().info(f"semgov radix cache: tensor-parallel rank {tp.rank} of {tp.size}")
     cache = create_unified_radix_cache(ctx, cache_class=GovernedRadixCache)
     # NOTE: realization copies run on the stream current at admission (the scheduler's
     # schedule stream): without overlap the forward runs on it, with overlap the forward
     # stream waits on it before every launch.
-    cache.attach(governor, rope=rope, strict=settings.strict)
+    cache.attach(governor, rope=rope, strict=settings.strict, tp=tp)
     return cache

@@ -319,6 +319,40 @@ def build_donor_entry(
     )
 
 
+def verified_context(
+    key: bytes, previous: Sequence[bytes], extra_key: object, lora_id: object = None
+) -> RequestContext | None:
+    """The context token in ``extra_key`` verified with ``key`` (or, during a rotation, one of the
+    ``previous`` keys), bound to ``lora_id``; None when it does not verify. Never raises."""
+    from engine_hooks.sglang.context import bounded_repr, has_token_prefix
+
+    try:
+        try:
+            return parse_context_token(key, extra_key, lora_id=lora_id)
+        except ContextError:
+            # NOTE: a key rotation's grace period: a token MACed with the gateway's previous key
+            # still verifies (the whole parse is repeated, bounded like the first); scopes and
+            # tree keys are derived from the current key only, whichever key verified the MAC.
+            for old in previous:
+                try:
+                    return parse_context_token(old, extra_key, lora_id=lora_id)
+                except ContextError:
+                    pass
+            raise
+    except ContextError as e:
+        if has_token_prefix(extra_key):
+            get_logger().warning("semgov context token refused", reason=str(e)[:200])
+        return None
+    except Exception as e:  # noqa: BLE001 - a parser bug must not take the scheduler loop down
+        get_logger().warning(
+            "semgov context token parser failed",
+            error=type(e).__name__,
+            extra_key=bounded_repr(extra_key),
+            lora_id=bounded_repr(lora_id),
+        )
+        return None
+
+
 class Governor:
     """Decides reuse for one engine process and audits what it decides and does."""
 
@@ -390,6 +424,10 @@ class Governor:
         self._donors: dict[str, LiveDonor] = {}
         self._by_scope: dict[str, OrderedDict[str, None]] = {}
         self._ready: queue.SimpleQueue[LiveDonor] = queue.SimpleQueue()
+        # NOTE: with tensor parallelism (set by the cache on rank 0), every registry change in
+        # order, for the next round's message to the other ranks (engine_hooks.sglang.tp).
+        self.donor_log: list[tuple[str, LiveDonor]] | None = None
+        self.unregistered: queue.SimpleQueue[str] = queue.SimpleQueue()  # NOTE: filled only then
         self._todo: queue.SimpleQueue[DonorSpec | None] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         self._pending = 0
@@ -426,33 +464,7 @@ class Governor:
     def context_of(self, extra_key: object, lora_id: object = None) -> RequestContext | None:
         """The verified context in ``extra_key``, bound to the request's server-side ``lora_id``, or
         None (no semantic reuse for that request). Never raises, whatever the client sent."""
-        from engine_hooks.sglang.context import bounded_repr, has_token_prefix
-
-        try:
-            try:
-                return parse_context_token(self.context_key, extra_key, lora_id=lora_id)
-            except ContextError:
-                # NOTE: a key rotation's grace period: a token MACed with the gateway's previous key
-                # still verifies (the whole parse is repeated, bounded like the first); scopes and
-                # tree keys are derived from the current key only, whichever key verified the MAC.
-                for key in self.previous_context_keys:
-                    try:
-                        return parse_context_token(key, extra_key, lora_id=lora_id)
-                    except ContextError:
-                        pass
-                raise
-        except ContextError as e:
-            if has_token_prefix(extra_key):
-                get_logger().warning("semgov context token refused", reason=str(e)[:200])
-            return None
-        except Exception as e:  # noqa: BLE001 - a parser bug must not take the scheduler loop down
-            get_logger().warning(
-                "semgov context token parser failed",
-                error=type(e).__name__,
-                extra_key=bounded_repr(extra_key),
-                lora_id=bounded_repr(lora_id),
-            )
-            return None
+        return verified_context(self.context_key, self.previous_context_keys, extra_key, lora_id)
 
     # ---- donors ----------------------------------------------------------------------------
 
@@ -502,6 +514,8 @@ class Governor:
     def _registration_done(self, donor_id: str, registered: bool) -> None:
         """One registration finished (the donor is drained on the scheduler's next round, if
         ``registered``): in either mode, the one place that says so."""
+        if not registered and self.donor_log is not None:
+            self.unregistered.put(donor_id)  # NOTE: the other ranks can forget their copy
         with self._pending_cv:
             self._pending -= 1
             self._pending_cv.notify_all()
@@ -521,6 +535,8 @@ class Governor:
                 self.drop_donor(next(iter(scope)))
             self._donors[entry.donor_id] = entry
             scope[entry.donor_id] = None
+            if self.donor_log is not None:
+                self.donor_log.append(("add", entry))
             if isinstance(entry, DonorEntry):  # NOTE: the decision process added its own already
                 self._provider_op(_ProviderOp(entry, None))
             n += 1
@@ -542,6 +558,8 @@ class Governor:
                 scope.pop(donor_id, None)
                 if not scope:
                     del self._by_scope[entry.scope]
+            if self.donor_log is not None:
+                self.donor_log.append(("drop", entry))
             self._provider_op(_ProviderOp(None, donor_id))
 
     def _provider_op(self, op: _ProviderOp) -> None:

@@ -4,7 +4,9 @@ SGLang loads every installed general plugin at scheduler start, before the tree 
 and calls it; :func:`register` makes ``--radix-cache-backend semgov`` available and registers three
 AROUND hooks (SGLang's ``HookRegistry``, applied by SGLang right after the plugins ran):
 
-- on ``Scheduler.get_new_batch_prefill``: before each prefill round, SGLang's chunked request,
+- on ``Scheduler.get_new_batch_prefill``: before each prefill round, with tensor parallelism,
+  every rank applies rank 0's round message
+  (:meth:`~engine_hooks.sglang.cache.GovernedRadixCache.sync_round`); then SGLang's chunked request,
   if its computed prefix ends where an approved region starts, gets the region's K/V appended to
   its row (:meth:`~engine_hooks.sglang.cache.GovernedRadixCache.advance_chunked`), and requests
   whose semgov decision is not ready are taken out of the waiting queue for that round (SGLang
@@ -43,8 +45,11 @@ def prefill_round(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> A
     """AROUND ``get_new_batch_prefill``: realize the chunked request's region that starts where its
     prefix ends, then run the round without the requests semgov holds back."""
     tree = getattr(scheduler, "tree_cache", None)
-    advance = getattr(tree, "advance_chunked", None)
     chunked = getattr(scheduler, "chunked_req", None)
+    sync = getattr(tree, "sync_round", None)
+    if sync is not None:
+        sync(getattr(scheduler, "waiting_queue", None) or [], chunked)  # NOTE: TP only (no-op otherwise)
+    advance = getattr(tree, "advance_chunked", None)
     if advance is not None and chunked is not None:
         advance(chunked)
     hold = getattr(tree, "hold_back", None)

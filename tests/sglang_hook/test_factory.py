@@ -125,7 +125,7 @@ def _ctx(h: Any, **over: Any) -> Any:
         ({"is_hybrid_swa": True}, "hybrid models"),
         ({"is_hybrid_ssm": True}, "hybrid models"),
         ({"enable_hierarchical_cache": True}, "hierarchical"),
-        ({"tp_size": 2}, "tensor parallelism"),
+        ({"tp_size": 2}, "without SGLang's TP process group"),
     ],
 )
 def test_unsupported_configurations_are_refused(make_harness: Any, over: dict[str, Any], match: str) -> None:
@@ -135,6 +135,27 @@ def test_unsupported_configurations_are_refused(make_harness: Any, over: dict[st
     h = make_harness()
     with pytest.raises(HookConfigError, match=match):
         build_governed_cache(_ctx(h, **over), HookSettings.from_env(h.env))
+
+
+@pytest.mark.parametrize(
+    ("over", "match"),
+    [({"pp_size": 2}, "pipeline parallelism"), ({"enable_dp_attention": True}, "--enable-dp-attention")],
+)
+def test_parallelism_other_than_tensor_parallelism_is_refused(
+    make_harness: Any, over: dict[str, Any], match: str
+) -> None:
+    """Pipeline parallelism and DP attention are refused at build (ranks would hold different requests)."""
+    import copy
+
+    from engine_hooks.sglang.factory import build_governed_cache
+
+    h = make_harness()
+    args = copy.copy(h.ctx.server_args)
+    for name, value in over.items():
+        setattr(args, name, value)
+    ctx = _ctx(h, server_args=args)
+    with pytest.raises(HookConfigError, match=match):
+        build_governed_cache(ctx, HookSettings.from_env(h.env))
 
 
 def test_speculative_decoding_is_refused(make_harness: Any) -> None:

@@ -2,7 +2,8 @@
 
 Starts real SGLang servers with ``--radix-cache-backend semgov`` (one per configuration: page
 size 1 with overlap scheduling, page size 16 without it, SGLang's retraction test mode, a pool
-too small for its traffic; chunked prefill below the prompt length in all), runs the scenarios
+too small for its traffic, two tensor-parallel ranks where the device has room; chunked prefill
+below the prompt length in all), runs the scenarios
 of :mod:`tests.sglang_server.scenarios` against each, verifies every audit log with ``semgov
 audit verify``, and prints the scenario table, TTFT per cohort and one last line::
 
@@ -68,8 +69,26 @@ def plan(device: str, pairs: int) -> list[tuple[str, ServerConfig, list[tuple[st
         "retract": [("retraction", scenarios.retraction)],
         "pressure": [("pressure", scenarios.pressure)],
     }
+    if _devices(device) >= 2:  # NOTE: two tensor-parallel ranks (on CPU: one core each)
+        todo["tp2"] = [
+            ("cohorts", cohorts),
+            ("concurrency", scenarios.concurrency),
+            ("aborts", scenarios.aborts),
+            ("regions", scenarios.regions),
+        ]
     configs = server_configs(device)
     return [(name, configs[name], todo[name]) for name in todo]
+
+
+def _devices(device: str) -> int:
+    """How many ranks the device can hold: CPU cores, or CUDA devices."""
+    import os
+
+    if device == "cpu":
+        return len(os.sched_getaffinity(0))
+    import torch
+
+    return int(torch.cuda.device_count())
 
 
 def preflight(device: str) -> str | None:

@@ -20,6 +20,8 @@ server's ``PYTHONPATH``; SGLang runs it in the launcher, the scheduler and the d
 - With ``SEMGOV_RIG_SCHED_LOG=FILE``, it appends one line per finished request the hook
   tracked: semgov's scheduler-thread nanoseconds for it (``_State.sched_ns``), and the seconds
   from queueing its decision to taking it and to letting it through, for the benchmarks.
+- With ``SEMGOV_RIG_TP_FOLLOWER_FORGETS=1``, tensor-parallel ranks other than 0 forget finished
+  requests (a fault: the leader's registry can no longer be replayed there).
 - :func:`permissive_minhash` is the rig's candidate provider (``SEMGOV_PROVIDER``).
 """
 
@@ -53,6 +55,19 @@ def register() -> None:
     sched_log = os.environ.get("SEMGOV_RIG_SCHED_LOG", "").strip()
     if sched_log:
         _install_sched_log(Path(sched_log))
+    if os.environ.get("SEMGOV_RIG_TP_FOLLOWER_FORGETS") == "1":
+        _install_follower_forgets()
+
+
+def _install_follower_forgets() -> None:
+    """A fault for the TP divergence test: non-leader ranks drop every finished request instead
+    of keeping it as a donor, so the leader's next registration cannot be replayed there."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    def forget(original: Any, gov: Any, spec: Any) -> None:
+        return None
+
+    HookRegistry.register("engine_hooks.sglang.tp.FollowerGovernor.submit_donor", forget, HookType.AROUND)
 
 
 def _install_sched_log(path: Path) -> None:
@@ -60,7 +75,7 @@ def _install_sched_log(path: Path) -> None:
 
     def after_release(result: Any, cache: Any, req: Any, *, checkpointed: bool) -> Any:
         st = getattr(req, "_semgov_state", None)
-        if st is not None and req.finished():
+        if st is not None and req.finished() and not _rank(cache):  # NOTE: rank 0's only
             with path.open("a") as f:
                 f.write(f"{st.sched_ns} {st.decided_s:.6f} {st.held_s:.6f}\n")
         return result
@@ -109,6 +124,12 @@ def _save(directory: Path, name: str, data: dict[str, Any]) -> None:
     os.replace(tmp, directory / name)
 
 
+def _rank(cache: Any) -> str:
+    """A dump file's rank tag: none on rank 0 (or without TP), ``.rank1`` etc. on the others."""
+    tp = getattr(cache, "tp", None)
+    return f".rank{tp.rank}" if tp is not None and tp.rank else ""
+
+
 def _install_kv_dump(directory: Path) -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -129,7 +150,7 @@ def _install_kv_dump(directory: Path) -> None:
                 "donor": _layers(cache.kv_pool, st.src_slots),
                 "donor_id": st.donor.donor_id,
             }
-            _save(directory, f"{rid}.realized.{st.realizations}.pt", data)
+            _save(directory, f"{rid}{_rank(cache)}.realized.{st.realizations}.pt", data)
         return result
 
     def before_release(cache: Any, req: Any, *, checkpointed: bool) -> Any:
@@ -142,7 +163,7 @@ def _install_kv_dump(directory: Path) -> None:
                 "tokens": [int(t) for t in req.origin_input_ids],
                 "row": _layers(cache.kv_pool, row),
             }
-            _save(directory, f"{rid}.release.pt", data)
+            _save(directory, f"{rid}{_rank(cache)}.release.pt", data)
         return None
 
     HookRegistry.register(f"{target}._realized", after_realized, HookType.AFTER)

@@ -132,6 +132,29 @@ def server_configs(device: str = "cpu") -> dict[str, ServerConfig]:
             chunked_prefill_size=512,
             hook_env={"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "3"},
         ),
+        # NOTE: SGLang's CPU path runs two TP ranks on a one-NUMA-node machine only with one OMP
+        # thread per rank, each bound to its own core.
+        "tp2": replace(
+            base,
+            page_size=1,
+            overlap=True,
+            chunked_prefill_size=1024,
+            kv_dump=True,
+            extra_args=("--tp-size", "2"),
+            hook_env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "OMP_NUM_THREADS": "1"},
+        ),
+        "tp2-diverge": replace(
+            base,
+            page_size=1,
+            chunked_prefill_size=1024,
+            strict=False,
+            extra_args=("--tp-size", "2"),
+            hook_env={
+                "SGLANG_CPU_OMP_THREADS_BIND": "0|1",
+                "OMP_NUM_THREADS": "1",
+                "SEMGOV_RIG_TP_FOLLOWER_FORGETS": "1",
+            },
+        ),
         "pressure": replace(
             base,
             page_size=16,

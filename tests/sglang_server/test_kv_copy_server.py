@@ -21,6 +21,7 @@ reaches, primed with ``[S]``.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -32,17 +33,22 @@ from tests.sglang_server.conftest import assert_healthy
 from tests.sglang_server.rig import Server, pair_prompts, read_audit, settle, summarize
 
 
-@pytest.fixture(params=["page1-overlap", "llama3-rope"])
+@pytest.fixture(params=["page1-overlap", "llama3-rope", "tp2"])
 def server(servers: Any, request: pytest.FixtureRequest) -> Server:
-    srv: Server = servers(request.param)  # float32, with the rig's KV dump; plain or llama3 RoPE
+    """Float32, with the rig's KV dump: plain or llama3 RoPE, and two tensor-parallel ranks."""
+    srv: Server = servers(request.param)
     return srv
+
+
+def _rank_tags(server: Server) -> list[str]:
+    """The dump files' rank tags: rank 0 only, or with ``--tp-size 2`` each rank's own shard."""
+    return ["", ".rank1"] if "--tp-size" in server.config.extra_args else [""]
 
 
 def _rope(server: Server) -> RopeSpec:
     """The served model's RoPE as SGLang builds it: plain from the config, llama3 from SGLang's own
     rotary embedding class (built here on CPU the way the model builds it)."""
     import importlib
-    import json
 
     import torch
 
@@ -106,19 +112,31 @@ def test_realized_kv_equals_cold_prefill_after_rerotation(server: Server, wrappe
     audit = summarize(read_audit(server.files.audit_dir))
     assert audit.realized.get(f"kvdump-{wrapper}-warm") == p.evidence_len
 
+    rope = _rope(server)
+    if rope.scaling != "default":  # the backend took the scaled RoPE from the served model itself
+        assert f"re-rotated ({rope.scaling} RoPE)" in server.log_text()
+    shards = [_check_rank(server, tag, wrapper, where, p, rope) for tag in _rank_tags(server)]
+    if len(shards) == 2:
+        # NOTE: each rank copied its own shard: half of the model's KV heads. (With dummy weights
+        # both ranks' projections are initialised from the same seed, so the values match too.)
+        heads = json.loads((server.config.model / "config.json").read_text())["num_key_value_heads"]
+        assert [tuple(k.shape[1:]) for k in shards] == [(heads // 2, k.shape[2]) for k in shards]
+    assert_healthy(server)
+
+
+def _check_rank(server: Server, tag: str, wrapper: int, where: str, p: Any, rope: RopeSpec) -> torch.Tensor:
+    """One rank's dumps: realized K/V against its cold prefill and its donor (see the module
+    docstring). Returns the rank's realized layer-0 keys."""
     d = server.kv_dump_dir
-    realized = torch.load(d / f"kvdump-{wrapper}-warm.realized.1.pt")
-    warm_row = torch.load(d / f"kvdump-{wrapper}-warm.release.pt")["row"]
-    cold_row = torch.load(d / f"kvdump-{wrapper}-cold.release.pt")["row"]
+    realized = torch.load(d / f"kvdump-{wrapper}-warm{tag}.realized.1.pt")
+    warm_row = torch.load(d / f"kvdump-{wrapper}-warm{tag}.release.pt")["row"]
+    cold_row = torch.load(d / f"kvdump-{wrapper}-cold{tag}.release.pt")["row"]
     (piece,) = realized["pieces"]
     assert realized["where"].startswith(where), realized["where"]
     start, n = piece["recipient_start"], piece["length"]
     assert (piece["kind"], start, n) == ("shifted", p.evidence_start, p.evidence_len)
     shift = piece["recipient_start"] - piece["donor_start"]
     assert shift == wrapper - 64  # len(W') - len(I): E moved by the difference
-    rope = _rope(server)
-    if rope.scaling != "default":  # the backend took the scaled RoPE from the served model itself
-        assert f"re-rotated ({rope.scaling} RoPE)" in server.log_text()
     delta = torch.full((n,), shift, dtype=torch.int64)
 
     # Layer 0 against the cold prefill: SGLang's own RoPE at the new positions. (Dummy weights are
@@ -150,4 +168,4 @@ def test_realized_kv_equals_cold_prefill_after_rerotation(server: Server, wrappe
         # The exact prefix [S] is SGLang's own, identical to the cold arm's.
         assert _rel(warm_row["k"][layer][:start], cold_row["k"][layer][:start]) < 1e-3, layer
         assert _rel(warm_row["v"][layer][:start], cold_row["v"][layer][:start]) < 1e-3, layer
-    assert_healthy(server)
+    return k0
