@@ -1,6 +1,6 @@
 """Decision latency per candidate: facts, all ten gates, signing. Excludes the Presidio scan.
 
-Usage: python benchmarks/decision_latency.py [--sizes 4096 18432] [--n 400] [--core 0] [--registered]
+Usage: python benchmarks/decision_latency.py [--sizes 4096 18432] [--n 400] [--core 0] [--registered] [--hook]
 
 Timed per candidate: donor token conversion and hashing, provenance signature
 verification, span finding, the ten gates, building and signing the record
@@ -17,6 +17,10 @@ Prints p50/p90/p99/max per cohort and prompt size, and the share under 1 ms.
 region) before its decision, as the SGLang hook does when a request finishes: its token array,
 segment table and hashes are then prepared once, not per decision.
 
+``--hook``: what the SGLang hook's decision process runs per request, timed whole: the recipient
+arrives as SGLang's ``array('q')`` and ``engine_hooks.sglang.governor.evaluate_request`` builds its
+prompt and request and decides (donors registered first, as the hook holds them).
+
 First it prints a machine baseline measured in the same run (median of 200): converting an
 18,432-token list to an array, SHA-256 of those 73,728 bytes, one Ed25519 verification. Compare
 figures from two machines only together with their baselines.
@@ -31,6 +35,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _workloads import COHORTS, Workload  # noqa: E402
@@ -77,6 +82,26 @@ def baseline() -> str:
     )
 
 
+def _hook_call(ev: Evaluator, r: CapturedRequest) -> Any:
+    """The hook's decision of ``r`` as its decision process makes it: tokens as SGLang's array('q'),
+    the donor as the hook registered it (a DonorEntry holding the registered prompt)."""
+    from array import array
+
+    from engine_hooks.sglang.context import RequestContext
+    from engine_hooks.sglang.governor import DonorEntry, evaluate_request
+
+    segs = tuple((s.role, s.start, s.end) for s in r.prompt.segments)
+    task, contract = r.task.model_dump(), r.response_contract.model_dump()
+    ctx = RequestContext(r.tenant, r.namespace, task, contract, segs, None)
+    tokens = array("q", r.prompt.token_ids)
+    c = r.candidates[0]
+    donor_tokens = array("q", c.prompt.token_ids)
+    prov: Any = c.provenance  # NOTE: the validated envelope, as the hook's DonorEntry holds it
+    entry = DonorEntry(c.donor_id, "scope", "tree", None, donor_tokens, c.prompt, prov, r.received_at)
+    now, text, cands = r.received_at, r.prompt.text, [(entry, c.similarity)]
+    return lambda: evaluate_request(ev, now, r.request_id, ctx, tokens, text, cands)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[4096, 18432], help="prompt lengths in tokens")
@@ -86,7 +111,10 @@ def main() -> int:
         "--repeat", type=int, default=3, help="runs per row; the one with the lowest p99 is shown"
     )
     ap.add_argument("--registered", action="store_true", help="register each donor before its decision")
+    ap.add_argument("--hook", action="store_true", help="time the SGLang hook's evaluate_request per request")
     args = ap.parse_args()
+    if args.hook:
+        args.registered = True
     if args.core >= 0:
         os.sched_setaffinity(0, {args.core})
     print(baseline())
@@ -94,7 +122,8 @@ def main() -> int:
     ev = Evaluator(load_policy(ROOT / "policies" / "default"), w.keyring, w.decision_key)
     print(
         f"decision latency per candidate (1 core, n={args.n} per row, best p99 of {args.repeat} runs, "
-        f"policy default, engine yaml, donors {'registered first' if args.registered else 'not registered'})"
+        f"policy default, engine yaml, donors {'registered first' if args.registered else 'not registered'}"
+        f"{'; the hook: evaluate_request from array(q) tokens' if args.hook else ''})"
     )
     print(
         f"{'tokens':>7} {'cohort':<18} {'decision':<8} {'p50 us':>8} {'p90 us':>8} {'p99 us':>8} "
@@ -119,8 +148,13 @@ def main() -> int:
                     r = CapturedRequest.model_validate_json(line)
                     if args.registered:
                         ev.register_donor(r.candidates[0].prompt)
-                    t = time.perf_counter()
-                    [d] = ev.evaluate(r)
+                    if args.hook:
+                        call = _hook_call(ev, r)
+                        t = time.perf_counter()
+                        [d] = call()
+                    else:
+                        t = time.perf_counter()
+                        [d] = ev.evaluate(r)
                     ts.append((time.perf_counter() - t) * 1e6)
                     decision = d.decision
                 runs.append(ts)

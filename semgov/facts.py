@@ -8,13 +8,17 @@ gates depending on it report ``error`` and the decision fails closed.
 
 from __future__ import annotations
 
+import array as pyarray
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
+import numpy as np
+import numpy.typing as npt
 from pydantic import ValidationError
 
 from semgov._internal.bindings import segments_sha256, text_sha256
@@ -25,7 +29,7 @@ from semgov._internal.tokens import U32, SegmentTable, as_tokens, find_spans, to
 from semgov.canonical import canonicalize
 from semgov.fact_config import FactConfig
 from semgov.keys import Keyring, verify_signature
-from semgov.models import Candidate, CapturedRequest, Prompt, ProvenancePayload
+from semgov.models import Candidate, CapturedRequest, Prompt, ProvenancePayload, Segment, check_tiling
 from semgov.policy_input import (
     CandidateFacts,
     DonorFacts,
@@ -48,9 +52,67 @@ class PreparedPrompt:
 
     @classmethod
     def of(cls, prompt: Prompt) -> PreparedPrompt:
-        toks = as_tokens(prompt.token_ids)
+        toks = _TOKEN_ARRAYS.get(prompt)
+        if toks is None:
+            toks = as_tokens(prompt.token_ids)
         segs = SegmentTable.from_triples([(s.role, s.start, s.end) for s in prompt.segments])
         return cls(toks, segs)
+
+
+class _TokenArrays:
+    """The uint32 token arrays of prompts built by :func:`prompt_from_tokens`, by prompt object.
+
+    NOTE: keyed by identity and confirmed by a weak reference, like :class:`_DonorDigests`; the
+    array was made from the same validated ids as the prompt's list, and neither changes after.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self._d: OrderedDict[int, tuple[weakref.ref[Prompt], U32]] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get(self, prompt: Prompt) -> U32 | None:
+        with self._lock:
+            hit = self._d.get(id(prompt))
+            return hit[1] if hit is not None and hit[0]() is prompt else None
+
+    def put(self, prompt: Prompt, tokens: U32) -> None:
+        with self._lock:
+            self._d[id(prompt)] = (weakref.ref(prompt), tokens)
+            while len(self._d) > self._size:
+                self._d.popitem(last=False)
+
+
+_TOKEN_ARRAYS = _TokenArrays()
+
+
+def prompt_from_tokens(
+    tokens: Sequence[int] | npt.NDArray[np.integer[Any]],
+    text: str | None,
+    segments: Sequence[tuple[str, int, int]],
+) -> Prompt:
+    """A :class:`Prompt` from an engine's integer token array (SGLang's ``array('q')``, a numpy
+    array or a list), validated as a whole instead of id by id: the same prompt
+    ``Prompt.model_validate`` builds, or the same refusal (:class:`ValueError`). Its uint32 array is
+    kept for :meth:`PreparedPrompt.of`, so a decision converts nothing.
+    """
+    if isinstance(tokens, np.ndarray):
+        arr = tokens
+    elif isinstance(tokens, pyarray.array) and tokens.typecode in "bBhHiIlLqQ":
+        arr = np.frombuffer(tokens, dtype=np.dtype(tokens.typecode))
+    else:
+        arr = np.asarray(list(tokens), dtype=np.int64)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise ValueError(f"token ids must be a flat integer array, not {arr.dtype} of shape {arr.shape}")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > 0xFFFFFFFF):
+        raise ValueError("token ids must be in 0..4294967295")
+    if text is not None and not isinstance(text, str):
+        raise ValueError("text must be a string or None")
+    segs = [Segment.model_validate({"role": r, "start": a, "end": b}) for r, a, b in segments]
+    check_tiling(segs, int(arr.size))  # NOTE: the model's own check, as model_validate runs it
+    prompt = Prompt.model_construct(token_ids=arr.tolist(), text=text, segments=segs)
+    _TOKEN_ARRAYS.put(prompt, np.ascontiguousarray(arr, dtype=np.uint32))
+    return prompt
 
 
 @dataclass(frozen=True, slots=True)

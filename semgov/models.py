@@ -111,19 +111,23 @@ class Prompt(_Strict):
 
     @model_validator(mode="after")
     def _segments_tile(self) -> Prompt:
-        pos = 0
-        for i, seg in enumerate(self.segments):
-            if seg.start != pos:
-                raise ValueError(
-                    f"segments[{i}] starts at {seg.start}, expected {pos}: "
-                    "segments must tile the prompt in order"
-                )
-            if seg.end <= seg.start:
-                raise ValueError(f"segments[{i}] is empty or reversed ({seg.start}..{seg.end})")
-            pos = seg.end
-        if pos != len(self.token_ids):
-            raise ValueError(f"segments end at {pos} but the prompt has {len(self.token_ids)} tokens")
+        check_tiling(self.segments, len(self.token_ids))
         return self
+
+
+def check_tiling(segments: list[Segment], n_tokens: int) -> None:
+    """Raise :class:`ValueError` unless ``segments`` tile ``n_tokens`` tokens in order."""
+    pos = 0
+    for i, seg in enumerate(segments):
+        if seg.start != pos:
+            raise ValueError(
+                f"segments[{i}] starts at {seg.start}, expected {pos}: segments must tile the prompt in order"
+            )
+        if seg.end <= seg.start:
+            raise ValueError(f"segments[{i}] is empty or reversed ({seg.start}..{seg.end})")
+        pos = seg.end
+    if pos != n_tokens:
+        raise ValueError(f"segments end at {pos} but the prompt has {n_tokens} tokens")
 
 
 class PiiScan(_Strict):

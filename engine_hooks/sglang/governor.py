@@ -56,6 +56,7 @@ from semgov.decide import Evaluator, SignedDecision
 from semgov.engine import PolicySource
 from semgov.engine_events import SignedEvent, engine_event, sign_engine_event
 from semgov.errors import SemgovError
+from semgov.facts import prompt_from_tokens
 from semgov.keys import Keyring, SigningKey, load_signing_key
 from semgov.models import CAPTURED_REQUEST_SCHEMA, Candidate, CapturedRequest, Prompt
 from semgov.policy_source import load_policy_source, make_engine
@@ -209,13 +210,9 @@ def prompt_of(token_ids: Sequence[int], text: str | None, ctx: RequestContext) -
     """The prompt semgov sees: the context's segments, or one ``other`` segment when it has none."""
     n = len(token_ids)
     segs = ctx.segments if ctx.segments is not None else (("other", 0, n),)
-    return Prompt.model_validate(
-        {
-            "token_ids": list(token_ids),
-            "text": text or None,
-            "segments": [{"role": r, "start": s, "end": e} for r, s, e in segs],
-        }
-    )
+    # NOTE: validated as one array (SGLang's array('q')), and its uint32 form kept for the
+    # decision: converting and validating 18k ids one by one cost about 1 ms per request.
+    return prompt_from_tokens(token_ids, text or None, segs)
 
 
 def build_evaluator(
