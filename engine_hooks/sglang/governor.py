@@ -316,6 +316,20 @@ def build_donor_entry(
     )
 
 
+def pop_donor(
+    donors: dict[str, LiveDonor], by_scope: dict[str, OrderedDict[str, None]], donor_id: str
+) -> LiveDonor | None:
+    """Remove a donor from a registry (by id, and from its scope's index); the entry, or None."""
+    entry = donors.pop(donor_id, None)
+    if entry is not None:
+        scope = by_scope.get(entry.scope)
+        if scope is not None:
+            scope.pop(donor_id, None)
+            if not scope:
+                del by_scope[entry.scope]
+    return entry
+
+
 def verified_context(
     key: bytes, previous: Sequence[bytes], extra_key: object, lora_id: object = None
 ) -> RequestContext | None:
@@ -548,13 +562,8 @@ class Governor:
 
     def drop_donor(self, donor_id: str) -> None:
         """Forget a donor (its KV is gone, or newer donors replaced it)."""
-        entry = self._donors.pop(donor_id, None)
+        entry = pop_donor(self._donors, self._by_scope, donor_id)
         if entry is not None:
-            scope = self._by_scope.get(entry.scope)
-            if scope is not None:
-                scope.pop(donor_id, None)
-                if not scope:
-                    del self._by_scope[entry.scope]
             if self.donor_log is not None:
                 self.donor_log.append(("drop", entry))
             self._provider_op(_ProviderOp(None, donor_id))

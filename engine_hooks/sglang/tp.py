@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from engine_hooks.sglang.context import RequestContext
-from engine_hooks.sglang.governor import DonorSpec, LiveDonor, PendingDecision, verified_context
+from engine_hooks.sglang.governor import DonorSpec, LiveDonor, PendingDecision, pop_donor, verified_context
 from engine_hooks.sglang.settings import HookSettings, read_context_key
 from semgov._internal.log import get_logger
 from semgov.decide import SignedDecision
@@ -201,13 +201,7 @@ class FollowerGovernor:
         return self._donors.get(donor_id)
 
     def drop_donor(self, donor_id: str) -> None:
-        entry = self._donors.pop(donor_id, None)
-        if entry is not None:
-            scope = self._by_scope.get(entry.scope)
-            if scope is not None:
-                scope.pop(donor_id, None)
-                if not scope:
-                    del self._by_scope[entry.scope]
+        pop_donor(self._donors, self._by_scope, donor_id)
 
     def forget_all_donors(self) -> None:
         for donor_id in list(self._donors):
