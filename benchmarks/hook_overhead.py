@@ -19,7 +19,13 @@ audit I/O run on the decision and writer threads):
 - ``decided`` (off the scheduler thread, ms): from queueing the decision to its allow record
   being durable, the time a request is held back.
 
-Usage: ``python benchmarks/hook_overhead.py [--n 200] [--evidence 400,3000]``. Prints p50/p99 µs.
+``--round K``: also admits recipients K at a time, as one prefill round admits them, twice: with
+the guard checking after each realization (``per-real``) and once at the round's end
+(``per-round``, what the plugin's round hook does); per request, semgov's scheduler-thread time
+(``sched``, K/V copy excluded) and the guard checks run.
+
+Usage: ``python benchmarks/hook_overhead.py [--n 200] [--evidence 400,3000] [--round 8]``. Prints
+p50/p99 µs.
 Donors are registered synchronously (their PII scan is not on any recipient's path).
 """
 
@@ -118,10 +124,62 @@ def run(n: int, evidence: int) -> dict[str, list[float]]:
     return out
 
 
+def run_rounds(rounds: int, k: int, evidence: int, in_round: bool) -> tuple[list[float], float]:
+    """``rounds`` rounds of ``k`` decided recipients admitted together: semgov's scheduler-thread
+    µs per recipient, and guard checks per recipient."""
+    import torch
+
+    torch.set_num_threads(1)
+    import tests.sglang_hook.conftest as hc
+    from engine_hooks.sglang.cache import state_of
+    from tests.sglang_hook.scenario import blocks
+
+    tmp = Path(tempfile.mkdtemp(prefix="semgov-hook-bench-"))
+    rt = hc.publish_runtime()
+    h = hc.Harness(rt, hc.make_hook_files(tmp), size=1 << 17)
+    sched: list[float] = []
+    checks = 0
+    try:
+        for i in range(rounds + 1):  # NOTE: the first round warms up
+            recips = []
+            for j in range(k):
+                b = blocks(seed=5000 + i * k + j, e_len=evidence)
+                lay = b.donor()
+                d = h.new_req(f"d{i}-{j}", lay.tokens, h.context(segments=lay.segments))
+                h.run(d)
+                h.finish(d)
+                r = h.new_req(f"r{i}-{j}", b.recipient().tokens, h.context(segments=b.recipient().segments))
+                h.match(r)
+                recips.append(r)
+            before = [state_of(r).sched_ns for r in recips]  # type: ignore[union-attr]
+            c0 = h.tree.stats["guard_checks"]
+            gc.disable()
+            if in_round:
+                h.tree.begin_round()
+            for r in recips:
+                h.admit(r)
+            if in_round:
+                h.tree.end_round()
+            gc.enable()
+            if i:
+                checks += h.tree.stats["guard_checks"] - c0
+                for r, t0 in zip(recips, before, strict=True):
+                    st = state_of(r)
+                    assert st is not None and st.realizations == 1
+                    sched.append((st.sched_ns - t0) / 1e3)
+            h.prefill(recips)
+            for r in recips:
+                h.finish(r)
+    finally:
+        h.close()
+    return sched, checks / (rounds * k)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=200, help="recipients per evidence size (default 200)")
     ap.add_argument("--evidence", default="400,3000", help="evidence tokens, comma-separated")
+    ap.add_argument("--round", type=int, default=0, help="also admit K recipients per round (0: no)")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     print(f"{'evidence':>8} {'stage':<8} {'p50':>9} {'p99':>9}       n  (us; 'decided' in ms, off-thread)")
@@ -129,6 +187,15 @@ def main(argv: list[str] | None = None) -> int:
         res = run(args.n, ev)
         for stage, xs in res.items():
             print(f"{ev:>8} {stage:<8} {_q(xs, 0.5):>9.0f} {_q(xs, 0.99):>9.0f} {len(xs):>7}")
+    if args.round:
+        k, rounds = args.round, max(1, args.n // args.round)
+        print(f"admission in rounds of {k} ({rounds} rounds): semgov scheduler-thread us per recipient")
+        print(f"{'evidence':>8} {'guard':<10} {'p50':>9} {'p99':>9} {'checks/req':>10}       n")
+        for ev in (int(x) for x in args.evidence.split(",")):
+            for in_round, label in ((False, "per-real"), (True, "per-round")):
+                xs, per = run_rounds(rounds, k, ev, in_round)
+                p50, p99 = _q(xs, 0.5), _q(xs, 0.99)
+                print(f"{ev:>8} {label:<10} {p50:>9.0f} {p99:>9.0f} {per:>10.2f} {len(xs):>7}")
     return 0
 
 

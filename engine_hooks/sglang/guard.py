@@ -1,8 +1,9 @@
 """The invariant guard: SGLang's own KV-pool accounting check, run wherever the hook changed the pool.
 
-That is after every realization (or failed one), and at the release or abort of every request
-that received realized slots; a release of a request the hook gave no KV is SGLang's own
-accounting and is not re-checked (it was measured as most of the hook's scheduler-thread time).
+That is after every realization (or failed one; inside a prefill round, once when the round has
+built its batch), and at the release or abort of every request that received realized slots; a
+release of a request the hook gave no KV is SGLang's own accounting and is not re-checked (it was
+measured as most of the hook's scheduler-thread time).
 
 The scheduler's invariant (``available + evictable + protected + session_held + uncached ==
 total``) is what the published semantic-reuse attempt tripped. The guard evaluates exactly

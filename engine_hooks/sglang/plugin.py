@@ -43,8 +43,22 @@ def _factory(ctx: Any) -> Any:
 
 def prefill_round(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND ``get_new_batch_prefill``: realize the chunked request's region that starts where its
-    prefix ends, then run the round without the requests semgov holds back."""
+    prefix ends, then run the round without the requests semgov holds back; the hook's changes in
+    the round are checked by the guard once, when it ends."""
     tree = getattr(scheduler, "tree_cache", None)
+    begin, end = getattr(tree, "begin_round", None), getattr(tree, "end_round", None)
+    if begin is None or end is None:
+        return _round(original, scheduler, tree, args, kwargs)
+    begin()
+    try:
+        return _round(original, scheduler, tree, args, kwargs)
+    finally:
+        end()
+
+
+def _round(original: Any, scheduler: Any, tree: Any, args: Any, kwargs: Any) -> Any:
+    """The round itself: TP round message, the chunked request's region, then the held requests
+    taken out of the waiting queue for the round and put back after it."""
     chunked = getattr(scheduler, "chunked_req", None)
     sync = getattr(tree, "sync_round", None)
     if sync is not None:

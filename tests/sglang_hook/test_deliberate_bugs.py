@@ -187,6 +187,26 @@ def test_strict_guard_raises_at_the_buggy_step(make_harness: Any, no_copy: None,
 
 
 @pytest.mark.parametrize("bug", list(BUGS))
+def test_inside_a_prefill_round_the_guard_catches_the_bug_when_the_round_ends(
+    make_harness: Any, no_copy: None, bug: str
+) -> None:
+    """In a prefill round the buggy admission is caught as the round ends (before its forward), same pool."""
+    buggy, where, delta = BUGS[bug]
+    h = make_harness()
+    rcp = _until_the_buggy_step(h, bug, buggy)
+    checks = h.tree.stats["guard_checks"]
+    h.tree.begin_round()
+    h.admit(rcp)  # NOTE: deferred: nothing is checked (or raised) at the step itself
+    assert h.tree.stats["guard_checks"] == checks and h.tree.reuse_disabled is None
+    with pytest.raises(InvariantViolation) as e:
+        h.tree.end_round()
+    reason = str(e.value)
+    assert reason.startswith(f"after {where} of request rcp: ")
+    _assert_off_by(reason, h.size, delta)
+    assert h.tree.reuse_disabled == reason and h.tree.stats["guard_checks"] == checks + 1
+
+
+@pytest.mark.parametrize("bug", list(BUGS))
 def test_non_strict_guard_disables_reuse_and_serving_continues_cold(
     make_harness: Any, no_copy: None, bug: str
 ) -> None:

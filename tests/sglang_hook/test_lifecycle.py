@@ -398,3 +398,27 @@ def test_reset_forgets_plans_pins_and_donors(make_harness: Any) -> None:
     assert rcp.prefix_len == 0 and not rcp.skip_radix_cache_insert
     h.finish(rcp)
     h.assert_clean()
+
+
+def test_realizations_inside_a_prefill_round_are_guarded_once_when_it_ends(make_harness: Any) -> None:
+    """Two realizations in one prefill round: one guard check at its end, its cost shared by both."""
+    h = make_harness()
+    b = blocks()
+    run_donor(h, b)
+    r1, r2 = new_recipient(h, b, rid="r1"), new_recipient(h, b, rid="r2")
+    h.match(r1)
+    h.match(r2)
+    checks, sched = h.tree.stats["guard_checks"], [state_of(r).sched_ns for r in (r1, r2)]
+    h.tree.begin_round()
+    h.admit(r1)
+    h.admit(r2)
+    assert h.tree.stats["guard_checks"] == checks  # deferred to the round's end
+    h.tree.end_round()
+    assert h.tree.stats["guard_checks"] == checks + 1 and h.tree.stats["realizations"] == 2
+    assert all(state_of(r).sched_ns > s for r, s in zip((r1, r2), sched, strict=True))
+    h.tree.end_round()  # nothing left to check
+    assert h.tree.stats["guard_checks"] == checks + 1
+    h.prefill([r1, r2])
+    h.finish(r1)
+    h.finish(r2)
+    h.assert_clean()
