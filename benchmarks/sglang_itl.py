@@ -1,9 +1,11 @@
 """Does governance stall decoding? Inter-token latency of a steady stream while governed requests arrive.
 
 Usage: ``python benchmarks/sglang_itl.py [--model tiny|smollm2-arch] [--burst 8] [--rounds 3]
-[--evidence 2048] [--stream-tokens 300] [--backends stock,semgov]``
+[--evidence 2048] [--stream-tokens 300] [--backends stock,semgov] [--tp 2]``
 
-For each backend, one real SGLang 0.5.23 server on CPU (the rig's ``page1-overlap`` configuration,
+For each backend, one real SGLang 0.5.23 server on CPU (the rig's ``page1-overlap`` configuration;
+``--tp 2``: its ``tp2`` configuration, two tensor-parallel ranks, one core each, where semgov's
+time per request includes its share of each round's rank-0 message,
 dummy weights, SGLang's strict pool checks on): ``stock`` is SGLang's own radix cache,
 ``semgov`` the governed backend. Both get the same traffic: ``rounds x burst`` donors
 ``[S][I][E][Q1]`` (each in its own namespace, so each recipient has exactly one candidate; the
@@ -74,7 +76,7 @@ def _stream(server: Server, seed: str, n: int, box: list[Result]) -> threading.T
 
 
 def run_backend(backend: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    base = server_configs()["page1-overlap"]
+    base = server_configs()["page1-overlap" if args.tp == 1 else "tp2"]
     model = TINY_MODEL if args.model == "tiny" else SMOLLM2_ARCH
     cfg = replace(
         base,
@@ -82,7 +84,7 @@ def run_backend(backend: str, args: argparse.Namespace, work: Path) -> dict[str,
         backend=None if backend == "stock" else "semgov",
         kv_dump=False,
         chunked_prefill_size=4096,
-        hook_env={"SEMGOV_DECISION_TIMEOUT_MS": "500", "SEMGOV_AUDIT_WAIT_MS": "200"},
+        hook_env={**base.hook_env, "SEMGOV_DECISION_TIMEOUT_MS": "500", "SEMGOV_AUDIT_WAIT_MS": "200"},
     )
     out: dict[str, Any] = {"burst_itl": [], "idle_itl": [], "ttft": [], "failed": 0}
     with launch(cfg, work / backend) as server:
@@ -149,12 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream-tokens", type=int, default=300, help="tokens of each stream (default 300)")
     ap.add_argument("--lead-s", type=float, default=1.5, help="seconds the stream decodes before a burst")
     ap.add_argument("--backends", default="stock,semgov")
+    ap.add_argument(
+        "--tp", type=int, choices=(1, 2), default=1, help="tensor-parallel ranks (2: the rig's tp2 server)"
+    )
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="semgov-itl-"))
     res = {b: run_backend(b, args, work) for b in args.backends.split(",")}
     print(
         f"model {args.model}; {args.rounds} bursts of {args.burst} recipients ({args.evidence}-token "
-        f"evidence) under a {args.stream_tokens}-token stream; work dir {work}"
+        f"evidence) under a {args.stream_tokens}-token stream; tp {args.tp}; work dir {work}"
     )
     print(f"{'backend':<8} {'ITL burst p50':>13} {'p99':>7} {'n':>5}   {'ITL idle p50':>12} {'p99':>7}"
           f" {'n':>5}   {'TTFT p50':>8} {'p99':>7}  realized  sched us p50/p99 (n)")  # fmt: skip

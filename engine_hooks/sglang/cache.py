@@ -1043,7 +1043,13 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             self._turn_off(f"tensor-parallel ranks cannot follow one plan ({where})")
             for _, st in self._live():
                 self._drop_plan(st)
-        self.sched_ns_unattributed += time.perf_counter_ns() - t0
+        # NOTE: the round's cost is charged to the waiting requests it was for (shared evenly).
+        cost = time.perf_counter_ns() - t0
+        charged = [st for st in (state_of(r) for r in waiting) if st is not None]
+        for st in charged:
+            st.sched_ns += cost // len(charged)
+        if not charged:
+            self.sched_ns_unattributed += cost
 
     def _lead_round(self) -> RoundSync:
         """Rank 0: the round's message (never raises: a failure is itself the message)."""
