@@ -13,9 +13,10 @@ check_throughput.py). The process is pinned to one core; each row is run
 machine is shared: the minimum filters interference, not the code's own cost).
 Prints p50/p90/p99/max per cohort and prompt size, and the share under 1 ms.
 
-``--registered``: each donor is registered (``Evaluator.register_donor``, outside the timed
-region) before its decision, as the SGLang hook does when a request finishes: its token array,
-segment table and hashes are then prepared once, not per decision.
+``--registered``: each donor is registered (``Evaluator.register_donor`` and
+``register_provenance``, outside the timed region) before its decision, as the SGLang hook does
+when a request finishes: its token array, segment table, hashes and k-gram index are then prepared
+once, and its provenance signature verified once, not per decision.
 
 ``--hook``: what the SGLang hook's decision process runs per request, timed whole: the recipient
 arrives as SGLang's ``array('q')`` and ``engine_hooks.sglang.governor.evaluate_request`` builds its
@@ -148,6 +149,7 @@ def main() -> int:
                     r = CapturedRequest.model_validate_json(line)
                     if args.registered:
                         ev.register_donor(r.candidates[0].prompt)
+                        ev.register_provenance(r.candidates[0].provenance)
                     if args.hook:
                         call = _hook_call(ev, r)
                         t = time.perf_counter()

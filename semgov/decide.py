@@ -24,10 +24,10 @@ from semgov._internal.timefmt import rfc3339
 from semgov.canonical import canonicalize_record
 from semgov.capture import MalformedLine
 from semgov.engine import ApprovedSpan, EngineResult, GateOutcome, PolicyEngine, PolicySource
-from semgov.facts import FactContext, PreparedPrompt, compute_facts
+from semgov.facts import FactContext, PreparedPrompt, compute_facts, verify_ahead
 from semgov.keys import Keyring, SigningKey
 from semgov.limits import LimitError, Limits, resolve
-from semgov.models import DECISION_SCHEMA, GATES, Candidate, CapturedRequest, Prompt
+from semgov.models import DECISION_SCHEMA, GATES, Candidate, CapturedRequest, Prompt, Provenance
 from semgov.policy_input import PolicyInput, SpanFacts
 from semgov.records import sign_record
 
@@ -200,19 +200,22 @@ class Evaluator:
         ]
 
     def register_donor(self, prompt: Prompt) -> frozenset[str] | None:
-        """Compute a donor's per-donor facts ahead of any decision: prepared tokens, hashes, PII scan.
+        """Compute a donor's per-donor facts ahead of any decision: prepared tokens, hashes, k-gram
+        index, PII scan.
 
         An engine calls this when a finished request becomes a donor, off any recipient's
         path, so that later decisions find the scan cached (it is keyed by token and text
         hash). Returns the forbidden entity types found, or None when there is nothing to scan
         or the scan failed (a decision then scans again and fails closed if it fails again).
+        Once the donor's provenance is signed, :meth:`register_provenance` verifies it ahead too.
         """
         cfg = self.policy.fact_config
         scanner = self.ctx.pii_scanner
         if self.limits.prompt_problem(prompt, "donor prompt") is not None:
             return None  # NOTE: a decision denies this donor without scanning it
         try:
-            self.ctx.donors.get(prompt)  # its tokens, segment table and hashes, prepared once here
+            # its tokens, segment table, hashes and k-gram index, prepared once here
+            self.ctx.donors.get(prompt).kgram_index(cfg.min_span_tokens)
         except Exception as e:  # noqa: BLE001 - best effort: the decision path fails closed
             get_logger().warning("donor preparation failed", error=f"{type(e).__name__}: {e}")
             return None
@@ -229,6 +232,17 @@ class Evaluator:
         except Exception as e:  # noqa: BLE001 - best effort: the decision path fails closed
             get_logger().warning("donor registration scan failed", error=f"{type(e).__name__}: {e}")
             return None
+
+    def register_provenance(self, provenance: Provenance | dict[str, Any]) -> bool:
+        """Verify a donor's signed provenance ahead of any decision (cached exactly as a decision
+        caches it), so that the donor's first decision does not pay the Ed25519 verification.
+        Returns whether it verified; never raises (a malformed envelope is False: decisions deny it)."""
+        try:
+            prov = provenance if isinstance(provenance, Provenance) else Provenance.model_validate(provenance)
+            return verify_ahead(prov, self.ctx)
+        except Exception as e:  # noqa: BLE001 - best effort: the decision path fails closed
+            get_logger().warning("provenance pre-verification failed", error=f"{type(e).__name__}: {e}")
+            return False
 
     def _call_engine(self, fn: Callable[[Any], Any], arg: Any, deadline: Deadline | None = None) -> Any:
         """``fn(arg)``, within ``engine_timeout`` when one is set (the engine then runs on a worker thread),

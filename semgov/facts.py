@@ -19,17 +19,35 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import ValidationError
 
 from semgov._internal.bindings import segments_sha256, text_sha256
 from semgov._internal.deadline import Deadline
 from semgov._internal.pii import PiiScanner
 from semgov._internal.timefmt import rfc3339, unix_ns
-from semgov._internal.tokens import U32, SegmentTable, as_tokens, find_spans, token_hash
+from semgov._internal.tokens import (
+    U32,
+    KgramIndex,
+    SegmentTable,
+    anchor_k,
+    as_tokens,
+    find_spans,
+    kgram_index,
+    token_hash,
+)
 from semgov.canonical import canonicalize
 from semgov.fact_config import FactConfig
 from semgov.keys import Keyring, verify_signature
-from semgov.models import Candidate, CapturedRequest, Prompt, ProvenancePayload, Segment, check_tiling
+from semgov.models import (
+    Candidate,
+    CapturedRequest,
+    Prompt,
+    Provenance,
+    ProvenancePayload,
+    Segment,
+    check_tiling,
+)
 from semgov.policy_input import (
     CandidateFacts,
     DonorFacts,
@@ -117,18 +135,33 @@ def prompt_from_tokens(
 
 @dataclass(frozen=True, slots=True)
 class DonorDigest:
-    """A donor prompt prepared once: its tokens and segment table, and the hashes provenance binds."""
+    """A donor prompt prepared once: its tokens and segment table, the hashes provenance binds, and
+    its k-gram index for the span search (built on first use per k: at registration, see
+    :meth:`semgov.decide.Evaluator.register_donor`)."""
 
     prepared: PreparedPrompt
     token_sha256: str
     segments_sha256: str
     text_sha256: str | None
+    _indexes: dict[int, KgramIndex] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, prompt: Prompt) -> DonorDigest:
         prepared = PreparedPrompt.of(prompt)
         text = None if prompt.text is None else text_sha256(prompt.text)
         return cls(prepared, token_hash(prepared.tokens), segments_sha256(prompt.segments), text)
+
+    def kgram_index(self, min_span: int) -> KgramIndex:
+        """The donor's k-gram index for a span search with ``min_span``.
+
+        NOTE: a pure function of the donor's tokens; two threads building it at once build the same
+        one, and a dict store is atomic, so no lock is needed.
+        """
+        k = anchor_k(min_span)
+        found = self._indexes.get(k)
+        if found is None:
+            found = self._indexes[k] = kgram_index(self.prepared.tokens, k)
+        return found
 
 
 class _DonorDigests:
@@ -196,6 +229,24 @@ class FactContext:
     donors: _DonorDigests = field(default_factory=_DonorDigests)
 
 
+def _signature_ok(prov: Provenance, public_key: Ed25519PublicKey, message: bytes, ctx: FactContext) -> bool:
+    """Whether ``prov.signature`` verifies over ``message`` with ``public_key``, cached by all four."""
+    ck = (prov.key_id, id(public_key), prov.signature, message)
+    cached = ctx._sig_cache.get(ck)
+    if cached is None:
+        cached = verify_signature(public_key, prov.signature, message)
+        ctx._sig_cache.put(ck, cached)
+    return bool(cached)
+
+
+def verify_ahead(prov: Provenance, ctx: FactContext) -> bool:
+    """Verify a donor's provenance signature before any decision needs it (an engine registering
+    the donor), so that its first decision finds the result cached. Returns the result; False for
+    a key the keyring does not hold. Verification is exactly the decision's own (same cache key)."""
+    trusted = ctx.keyring.get(prov.key_id)
+    return trusted is not None and _signature_ok(prov, trusted.public_key, canonicalize(prov.payload), ctx)
+
+
 def _provenance_facts(
     cand: Candidate, donor: DonorDigest, ctx: FactContext
 ) -> tuple[ProvenanceFacts, ProvenancePayload | None]:
@@ -205,14 +256,7 @@ def _provenance_facts(
         "unknown" if trusted is None else ("revoked" if trusted.revoked else "trusted")
     )
     message = canonicalize(prov.payload)
-    sig_ok = False
-    if trusted is not None:
-        ck = (prov.key_id, id(trusted.public_key), prov.signature, message)
-        cached = ctx._sig_cache.get(ck)
-        if cached is None:
-            cached = verify_signature(trusted.public_key, prov.signature, message)
-            ctx._sig_cache.put(ck, cached)
-        sig_ok = bool(cached)
+    sig_ok = trusted is not None and _signature_ok(prov, trusted.public_key, message, ctx)
     parsed = ctx._payload_cache.get(message)
     if parsed is None:
         try:
@@ -336,6 +380,7 @@ def compute_facts(
                 donor.segments,
                 min_span=config.min_span_tokens,
                 deadline=deadline,
+                donor_index=digest.kgram_index(config.min_span_tokens),
             )
             tok_facts = TokenFacts(
                 recipient_length=len(recipient.tokens),

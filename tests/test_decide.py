@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from semgov import Evaluator
 from semgov._internal.pii import PiiScanner
 from semgov.models import GATES, CapturedRequest
-from tests.conftest import Keys, candidate, policy_with, request, segs, with_text
+from tests.conftest import Keys, candidate, gate, policy_with, request, segs, with_text
 
 # Low thresholds so that random small prompts are allowed often enough to test allows.
 LENIENT = "token_verification: {min_span_tokens: 4, min_approved_tokens: 1, min_approved_fraction: 0.1}"
@@ -203,3 +203,47 @@ def test_donor_digest_never_hits_for_a_recycled_object_id(keys: Keys) -> None:
     cache._d[id(b)] = cache._d.pop(key)  # as if b had been given a's id
     db = cache.get(b)
     assert db is not da and db.token_sha256 == DonorDigest.of(b).token_sha256 != da.token_sha256
+
+
+def test_register_provenance_verifies_ahead_so_the_first_decision_does_not(
+    keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """register_provenance verifies the signature once; the donor's decisions then find it cached."""
+    import semgov.facts as facts_mod
+    from semgov import load_policy
+    from tests.conftest import DEFAULT_POLICY_DIR, parse
+
+    calls: list[str] = []
+    real = facts_mod.verify_signature
+
+    def counting(key: Any, sig: str, message: bytes) -> bool:
+        calls.append(sig)
+        return real(key, sig, message)
+
+    monkeypatch.setattr(facts_mod, "verify_signature", counting)
+    ev = Evaluator(load_policy(DEFAULT_POLICY_DIR), keys.keyring, keys.decision)
+    req = parse(request([candidate(keys)]))
+    assert ev.register_provenance(req.candidates[0].provenance.model_dump()) is True and len(calls) == 1
+    [d] = ev.evaluate(req)
+    assert d.decision == "allow" and len(calls) == 1
+    plain = Evaluator(load_policy(DEFAULT_POLICY_DIR), keys.keyring, keys.decision)
+    [same] = plain.evaluate(req)  # the same decision as one that verified on its own path
+    assert {k: v for k, v in same.record.items() if k not in ("decision_id", "signature")} == {
+        k: v for k, v in d.record.items() if k not in ("decision_id", "signature")
+    }
+
+
+def test_register_provenance_of_a_bad_envelope_is_false_and_the_decision_still_denies(keys: Keys) -> None:
+    """A forged signature pre-verifies False (cached: deny); a malformed envelope is False, never raises."""
+    from semgov import load_policy
+    from tests.conftest import DEFAULT_POLICY_DIR, parse
+
+    ev = Evaluator(load_policy(DEFAULT_POLICY_DIR), keys.keyring, keys.decision)
+    cand = candidate(keys)
+    cand["provenance"]["signature"] = candidate(keys, donor_id="r-04")["provenance"]["signature"]
+    req = parse(request([cand]))
+    assert ev.register_provenance(req.candidates[0].provenance) is False
+    [d] = ev.evaluate(req)
+    assert d.decision == "deny" and gate(d.record, "provenance")["result"] == "fail"
+    assert ev.register_provenance({"payload": {}, "key_id": 3}) is False
+    assert ev.register_provenance(candidate(keys, signer="k9")["provenance"]) is False  # not in the keyring

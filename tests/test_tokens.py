@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from semgov._internal.tokens import SegmentTable, find_spans, token_hash
+from semgov._internal.tokens import SegmentTable, anchor_k, as_tokens, find_spans, kgram_index, token_hash
 
 
 def seg(*parts: tuple[str, int]) -> SegmentTable:
@@ -153,3 +153,43 @@ def test_spans_are_exact_disjoint_and_within_segments(
             assert x.length >= min_span and a >= lcp
     assert covered.max(initial=0) <= 1
     assert (r[:lcp] == d[:lcp]).all() and (lcp == min(len(r), len(d)) or r[lcp] != d[lcp])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    r=st.lists(st.integers(0, 6), min_size=0, max_size=300),
+    d=st.lists(st.integers(0, 6), min_size=0, max_size=300),
+    min_span=st.sampled_from([2, 4, 8, 32]),
+)
+def test_a_registered_donor_index_gives_exactly_the_spans_of_a_fresh_search(
+    r: list[int], d: list[int], min_span: int
+) -> None:
+    """find_spans with the donor's prebuilt k-gram index returns what it returns building it itself."""
+    rt, dt = as_tokens(r), as_tokens(d)
+    rseg, dseg = (
+        SegmentTable.from_triples([("other", 0, len(r))]),
+        SegmentTable.from_triples([("other", 0, len(d))]),
+    )
+    index = kgram_index(dt, anchor_k(min_span))
+    assert find_spans(rt, rseg, dt, dseg, min_span=min_span, donor_index=index) == find_spans(
+        rt, rseg, dt, dseg, min_span=min_span
+    )
+    wrong_k = kgram_index(dt, 1)  # an index for another k is not used (no min_span here anchors on 1)
+    assert find_spans(rt, rseg, dt, dseg, min_span=min_span, donor_index=wrong_k) == find_spans(
+        rt, rseg, dt, dseg, min_span=min_span
+    )
+
+
+def test_repeated_blocks_behind_a_new_wrapper_are_all_found() -> None:
+    """Each anchor meets the donor copies nearest it: 400 repeated blocks behind a new wrapper all match."""
+    rng = np.random.default_rng(3)
+    block = rng.integers(0, 40_000, 40).astype(np.uint32)
+
+    def body(sep: int) -> np.ndarray:  # NOTE: separators differ between the prompts: one run per block
+        return np.concatenate([np.append(block, np.uint32(sep + i)) for i in range(400)])
+
+    d = np.concatenate([rng.integers(0, 40_000, 30).astype(np.uint32), body(50_000)])
+    r = np.concatenate([rng.integers(40_000, 45_000, 47).astype(np.uint32), body(60_000)])
+    one = SegmentTable.from_triples
+    lcp, spans = find_spans(r, one([("other", 0, len(r))]), d, one([("other", 0, len(d))]), min_span=32)
+    assert lcp == 0 and len(spans) == 400 and sum(s.length for s in spans) == 400 * 40

@@ -243,7 +243,7 @@ def test_repeated_blocks_work_grows_linearly_where_the_old_grew_quadratically() 
 
 
 def test_only_undominated_runs_are_considered_on_repeated_blocks() -> None:
-    """Each block's 32 diagonal copies collapse to one considered run: one greedy search or so per block."""
+    """Each block's copies on the compared diagonals collapse to one considered run: one search per block."""
     lay = Layout(
         blocks(33 * 1000, 33, 100_000),
         one_segment(33_000),
@@ -253,7 +253,7 @@ def test_only_undominated_runs_are_considered_on_repeated_blocks() -> None:
     rseg, dseg = lay.tables()
     work = SpanWork()
     _, spans = find_spans(lay.r, rseg, lay.d, dseg, min_span=32, work=work)
-    assert work.runs > 30 * 900 and work.considered <= 1000
+    assert work.runs > 8 * 900 and work.considered <= 1000  # NOTE: 8 donor copies meet each anchor
     assert len(spans) == 1000 and all(s.length == 32 for s in spans)
 
 
@@ -284,7 +284,7 @@ def test_passed_deadline_stops_the_span_search() -> None:
         find_spans(lay.r, rseg, lay.d, dseg, min_span=32, deadline=Deadline(-1.0, 0.5, lambda: 0.0))
 
 
-@pytest.mark.parametrize("ticks", [1, 2, 5, 20, 33])
+@pytest.mark.parametrize("ticks", [1, 2, 5, 12, 18])  # NOTE: a full search checks 19 times
 def test_deadline_passing_mid_search_stops_it(ticks: int) -> None:
     """The deadline is checked inside the search (per diagonal, per 4,096 searches, ...), not only first."""
     lay = LAYOUTS["blocks_seps"](40_000)

@@ -303,6 +303,8 @@ def build_donor_entry(
         pii_entities=sorted(found) if found is not None else (),
         pii_scanned=found is not None,
     )
+    provenance = sign_provenance(payload, signing_key)
+    evaluator.register_provenance(provenance)  # NOTE: its first decision then finds it verified
     ids = spec.token_ids
     return DonorEntry(
         donor_id=spec.donor_id,
@@ -311,7 +313,7 @@ def build_donor_entry(
         cache_salt=spec.cache_salt,
         token_ids=ids if isinstance(ids, array) and ids.typecode == "q" else array("q", ids),
         prompt=prompt,
-        provenance=sign_provenance(payload, signing_key),
+        provenance=provenance,
         registered_at=now,
     )
 

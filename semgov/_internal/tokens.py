@@ -6,10 +6,11 @@ by token, so a hash collision can only cost reuse, never approve a wrong token.
 Method, for prompts of tens of thousands of tokens in well under a millisecond:
 1. The common prefix (``kind = prefix``): its KV is exactly what a cold prefill
    computes, because every earlier token matches too.
-2. Past it, recipient *anchors* (k-grams at a fixed stride) are looked up among
-   all donor k-grams through a hash-bucketed table; each hit proposes a
-   diagonal ``donor_pos - recipient_pos``. The stride is chosen so that every
-   run of at least ``min_span`` identical tokens contains a whole anchor.
+2. Past it, recipient *anchors* (k-grams at a fixed stride) are looked up in the
+   donor's sorted k-gram index (:class:`KgramIndex`, built once per registered
+   donor); each hit proposes a diagonal ``donor_pos - recipient_pos``, and an
+   anchor meets only the donor positions nearest its own. The stride is chosen
+   so that every run of at least ``min_span`` identical tokens contains a whole anchor.
 3. The best diagonals are compared element-wise; runs of equal tokens become
    ``shifted`` spans (same tokens, different context).
 4. Overlaps in recipient positions are resolved (prefix first, then longer runs),
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import array
 import hashlib
-import threading
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Literal
@@ -107,33 +107,6 @@ def _kgram_hashes(t: U32, k: int) -> U32:
     return h
 
 
-class _Workspace(threading.local):
-    """Per-thread scratch arrays for the per-donor-position index work.
-
-    NOTE: glibc serves allocations above its mmap threshold (128 KiB at first)
-    with fresh pages and trims them on free; a 20k-token prompt's int64 index
-    arrays are 160 KiB, and page faults then cost more than the arithmetic
-    (measured: 305 us -> 120 us per candidate for the anchor lookup).
-    """
-
-    def __init__(self) -> None:
-        self.intp = np.empty(0, dtype=np.intp)
-        self.count = np.empty(0, dtype=np.intp)
-        self.u32 = np.empty(0, dtype=np.uint32)
-
-
-_WS = _Workspace()
-
-
-def _workspace(n: int) -> _Workspace:
-    if len(_WS.intp) < n:
-        size = max(n, 2 * len(_WS.intp))
-        _WS.intp = np.empty(size, dtype=np.intp)
-        _WS.count = np.empty(size, dtype=np.intp)
-        _WS.u32 = np.empty(size, dtype=np.uint32)
-    return _WS
-
-
 def _kgram_at(t: U32, pos: npt.NDArray[np.intp], k: int) -> U32:
     """k-gram hashes at the given start positions only."""
     h: U32 = t[pos] * _MULT[0]
@@ -154,43 +127,90 @@ def _runs(eq: npt.NDArray[np.bool_], min_len: int) -> tuple[npt.NDArray[np.int64
     return starts[keep], lengths[keep]
 
 
-def _candidate_diagonals(r: U32, d: U32, lo: int, min_span: int) -> list[int]:
-    """Diagonals (donor_pos - recipient_pos) that anchor hits propose, best first."""
-    k = min(ANCHOR_K, min_span)
+@dataclass(frozen=True, slots=True)
+class KgramIndex:
+    """A donor's k-gram hashes with their positions, sorted: ``keys[i] = hash << 32 | position``.
+
+    Built once per donor (:func:`kgram_index`; ``semgov.facts.DonorDigest`` keeps it from the
+    donor's registration), so a decision only looks its recipient's anchors up in it.
+    """
+
+    k: int
+    keys: npt.NDArray[np.uint64]
+
+
+_LOW32 = np.uint64(0xFFFFFFFF)
+_HIGH = np.uint64(32)
+
+
+def kgram_index(d: U32, k: int) -> KgramIndex:
+    """The sorted k-gram index of ``d`` (O(n log n); positions fit in 32 bits by the input limits)."""
+    if len(d) < k:
+        return KgramIndex(k, np.empty(0, dtype=np.uint64))
+    keys = _kgram_hashes(d, k).astype(np.uint64) << _HIGH
+    keys |= np.arange(len(keys), dtype=np.uint64)
+    keys.sort()
+    return KgramIndex(k, keys)
+
+
+def _anchored_keys(d: U32, k: int, anchors: U32) -> npt.NDArray[np.uint64]:
+    """The part of ``d``'s :func:`kgram_index` keys whose hash some anchor has (a donor not indexed ahead).
+
+    NOTE: every donor k-gram whose hash equals an anchor's lands in a marked slot, so each anchor's
+    group of equal keys is complete, and the lookups below see exactly what the full index gives
+    them; only unmarked hashes (no anchor can meet them) and a share of colliding ones are left out,
+    so the sort is over about ``len(anchors)`` matches plus ``n / 16`` collisions instead of ``n``.
+    """
+    dh = _kgram_hashes(d, k)
+    bits = min(24, max(10, int(len(anchors) * 16 - 1).bit_length()))
+    shift = np.uint32(32 - bits)
+    marked = np.zeros(1 << bits, dtype=np.bool_)
+    marked[anchors >> shift] = True
+    pos = np.flatnonzero(marked[dh >> shift])
+    keys = dh[pos].astype(np.uint64) << _HIGH
+    keys |= pos.astype(np.uint64)
+    keys.sort()
+    return keys
+
+
+def anchor_k(min_span: int) -> int:
+    """The k-gram length the span search anchors on for ``min_span``."""
+    return min(ANCHOR_K, min_span)
+
+
+def _candidate_diagonals(
+    r: U32, d: U32, lo: int, min_span: int, index: KgramIndex | None = None
+) -> list[int]:
+    """Diagonals (donor_pos - recipient_pos) that anchor hits propose, best first.
+
+    NOTE: each recipient anchor is looked up in the donor's sorted k-gram index (O(A log n) for A
+    anchors) and meets at most ``MAX_PER_SLOT`` donor positions with its hash: the ones nearest its
+    own position (half before, half after), so repeated content votes for the diagonals closest to
+    the anchor and the work is bounded by ``MAX_PER_SLOT * A`` pairs, even for one repeated token.
+    Equal keys compare exactly (no collision filter needed: a collision only costs a comparison).
+    """
+    k = anchor_k(min_span)
     if len(r) - lo < min_span or len(d) < min_span:
         return []
     stride = max(1, min_span - k + 1)
-    anchor_pos = np.arange(lo, len(r) - k + 1, stride, dtype=np.intp)
+    anchor_pos = np.arange(lo, len(r) - k + 1, stride, dtype=np.int64)
     if len(anchor_pos) == 0:
         return []
-    ah = _kgram_at(r, anchor_pos, k)
-    dh = _kgram_hashes(d, k)
-    # NOTE: bucket anchors by slot (counting sort); each donor k-gram then meets
-    # every anchor in its slot, so colliding anchors are never lost.
-    bits = min(24, max(10, int(len(ah) * 4 - 1).bit_length()))
-    size = 1 << bits
-    shift = np.uint32(32 - bits)  # top bits: the best mixed by the multiplications
-    a_slot = (ah >> shift).astype(np.intp)
-    ws = _workspace(len(dh))
-    d_slot = ws.intp[: len(dh)]
-    d_slot[...] = np.right_shift(dh, shift, out=ws.u32[: len(dh)])
-    order = np.argsort(a_slot, kind="stable")
-    counts = np.bincount(a_slot, minlength=size)
-    starts = np.cumsum(counts) - counts
-    c = np.take(counts, d_slot, out=ws.count[: len(dh)])
-    hit = np.flatnonzero(c > 0)  # NOTE: nonzero on bool is ~5x faster than on int64
+    h = _kgram_at(r, anchor_pos, k)
+    keys = index.keys if index is not None and index.k == k else _anchored_keys(d, k, h)
+    ah = h.astype(np.uint64) << _HIGH
+    left = np.searchsorted(keys, ah)
+    cnt = np.searchsorted(keys, ah | _LOW32, side="right") - left
+    hit = np.flatnonzero(cnt)
     if len(hit) == 0:
         return []
-    # NOTE: at most MAX_PER_SLOT anchors per donor position bounds the work at
-    # MAX_PER_SLOT * len(d) pairs, even for a prompt of one repeated token.
-    cnt = np.minimum(c[hit], MAX_PER_SLOT)
-    pos = np.repeat(hit, cnt)
-    first = np.repeat(starts[d_slot[hit]] - (np.cumsum(cnt) - cnt), cnt)
-    ai = order[first + np.arange(len(pos))]
-    ok = ah[ai] == dh[pos]
-    offs = pos[ok] - anchor_pos[ai[ok]]
-    if len(offs) == 0:
-        return []
+    left, cnt, apos = left[hit], cnt[hit], anchor_pos[hit]
+    near = np.searchsorted(keys, (ah[hit] | apos.astype(np.uint64)))
+    take = np.minimum(cnt, MAX_PER_SLOT)
+    start = np.clip(near - take // 2, left, left + cnt - take)
+    first = np.repeat(start - (np.cumsum(take) - take), take)
+    dpos = (keys[first + np.arange(len(first))] & _LOW32).astype(np.int64)
+    offs = dpos - np.repeat(apos, take)
     vals, votes = np.unique(offs, return_counts=True)
     best = np.argsort(-votes, kind="stable")[:MAX_DIAGONALS]
     return [int(v) for v in vals[best]]
@@ -265,11 +285,11 @@ def _tick(deadline: Deadline | None) -> None:
 
 
 def _collect_runs(
-    r: U32, d: U32, lcp: int, min_span: int, deadline: Deadline | None
+    r: U32, d: U32, lcp: int, min_span: int, deadline: Deadline | None, index: KgramIndex | None
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """``(lengths, starts, offsets)`` of every run of ``min_span`` or more on the candidate diagonals."""
     parts: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]] = []
-    for off in _candidate_diagonals(r, d, lcp, min_span):
+    for off in _candidate_diagonals(r, d, lcp, min_span, index):
         _tick(deadline)
         lo = max(lcp, -off)
         hi = min(len(r), len(d) - off)
@@ -359,6 +379,7 @@ def find_spans(
     min_span: int,
     deadline: Deadline | None = None,
     work: SpanWork | None = None,
+    donor_index: KgramIndex | None = None,
 ) -> tuple[int, list[FoundSpan]]:
     """Return ``(common_prefix, spans)``.
 
@@ -374,6 +395,8 @@ def find_spans(
     ``min(lcp, S_r + S_d)`` prefix and ``(n_r - lcp) / min_span`` shifted spans come back.
     ``deadline`` is checked between bounded steps (per diagonal, every 4,096 searches, 1,024
     pieces or 4,096 cuts): past it, :class:`~semgov._internal.deadline.DeadlineExceeded` is raised.
+    ``donor_index``: ``d``'s :func:`kgram_index` for :func:`anchor_k` of ``min_span``, when the caller
+    holds it (a registered donor); built here otherwise. Either way the spans are the same.
     """
     w = work if work is not None else SpanWork()
     tables = (rseg, dseg)
@@ -384,7 +407,7 @@ def find_spans(
     spans: list[FoundSpan] = []
     if lcp:
         w.cuts += _split(0, 0, lcp, "prefix", tables, 1, spans, deadline)
-    lengths, starts, offs = _collect_runs(r, d, lcp, min_span, deadline)
+    lengths, starts, offs = _collect_runs(r, d, lcp, min_span, deadline, donor_index)
     w.runs = len(lengths)
     _tick(deadline)
     order = _greedy_order(lengths, starts, offs)
