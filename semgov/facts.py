@@ -26,12 +26,12 @@ from semgov._internal.bindings import segments_sha256, text_sha256
 from semgov._internal.deadline import Deadline
 from semgov._internal.pii import PiiScanner
 from semgov._internal.timefmt import rfc3339, unix_ns
+from semgov._internal.token_ids import TokenIds
 from semgov._internal.tokens import (
     U32,
     KgramIndex,
     SegmentTable,
     anchor_k,
-    as_tokens,
     find_spans,
     kgram_index,
     token_hash,
@@ -70,38 +70,9 @@ class PreparedPrompt:
 
     @classmethod
     def of(cls, prompt: Prompt) -> PreparedPrompt:
-        toks = _TOKEN_ARRAYS.get(prompt)
-        if toks is None:
-            toks = as_tokens(prompt.token_ids)
+        # NOTE: the prompt's own read-only uint32 array: nothing is converted.
         segs = SegmentTable.from_triples([(s.role, s.start, s.end) for s in prompt.segments])
-        return cls(toks, segs)
-
-
-class _TokenArrays:
-    """The uint32 token arrays of prompts built by :func:`prompt_from_tokens`, by prompt object.
-
-    NOTE: keyed by identity and confirmed by a weak reference, like :class:`_DonorDigests`; the
-    array was made from the same validated ids as the prompt's list, and neither changes after.
-    """
-
-    def __init__(self, size: int = 4096) -> None:
-        self._d: OrderedDict[int, tuple[weakref.ref[Prompt], U32]] = OrderedDict()
-        self._size = size
-        self._lock = threading.Lock()
-
-    def get(self, prompt: Prompt) -> U32 | None:
-        with self._lock:
-            hit = self._d.get(id(prompt))
-            return hit[1] if hit is not None and hit[0]() is prompt else None
-
-    def put(self, prompt: Prompt, tokens: U32) -> None:
-        with self._lock:
-            self._d[id(prompt)] = (weakref.ref(prompt), tokens)
-            while len(self._d) > self._size:
-                self._d.popitem(last=False)
-
-
-_TOKEN_ARRAYS = _TokenArrays()
+        return cls(prompt.token_ids.array, segs)
 
 
 def prompt_from_tokens(
@@ -111,8 +82,8 @@ def prompt_from_tokens(
 ) -> Prompt:
     """A :class:`Prompt` from an engine's integer token array (SGLang's ``array('q')``, a numpy
     array or a list), validated as a whole instead of id by id: the same prompt
-    ``Prompt.model_validate`` builds, or the same refusal (:class:`ValueError`). Its uint32 array is
-    kept for :meth:`PreparedPrompt.of`, so a decision converts nothing.
+    ``Prompt.model_validate`` builds, or the same refusal (:class:`ValueError`). The ids go into
+    the prompt's uint32 array directly, never through a Python list.
     """
     if isinstance(tokens, np.ndarray):
         arr = tokens
@@ -122,15 +93,12 @@ def prompt_from_tokens(
         arr = np.asarray(list(tokens), dtype=np.int64)
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
         raise ValueError(f"token ids must be a flat integer array, not {arr.dtype} of shape {arr.shape}")
-    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > 0xFFFFFFFF):
-        raise ValueError("token ids must be in 0..4294967295")
+    ids = TokenIds(arr)  # NOTE: refuses ids outside 0..2**32-1, copies the engine's buffer
     if text is not None and not isinstance(text, str):
         raise ValueError("text must be a string or None")
     segs = [Segment.model_validate({"role": r, "start": a, "end": b}) for r, a, b in segments]
-    check_tiling(segs, int(arr.size))  # NOTE: the model's own check, as model_validate runs it
-    prompt = Prompt.model_construct(token_ids=arr.tolist(), text=text, segments=segs)
-    _TOKEN_ARRAYS.put(prompt, np.ascontiguousarray(arr, dtype=np.uint32))
-    return prompt
+    check_tiling(segs, len(ids))  # NOTE: the model's own check, as model_validate runs it
+    return Prompt.model_construct(token_ids=ids, text=text, segments=segs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from semgov._internal.timefmt import Instant
+from semgov._internal.token_ids import TokenIds
 
 CAPTURED_REQUEST_SCHEMA = "semgov.captured_request/v1"
 PROVENANCE_SCHEMA = "semgov.provenance/v1"
@@ -105,7 +106,9 @@ class Segment(_Strict):
 class Prompt(_Strict):
     """Token ids, optional text, and segments that tile the tokens in order."""
 
-    token_ids: list[TokenId]
+    # NOTE: validated as list[TokenId] (a JSON list, item by item), held as one read-only uint32
+    # array (semgov._internal.token_ids.TokenIds), serialized back to the same list.
+    token_ids: TokenIds
     text: str | None = None
     segments: list[Segment]
 

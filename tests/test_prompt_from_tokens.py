@@ -33,15 +33,15 @@ def test_builds_the_prompt_model_validate_builds(tokens: Any) -> None:
     assert all(type(t) is int for t in got.token_ids)
 
 
-def test_keeps_the_uint32_array_for_the_decision() -> None:
-    """The prompt's prepared tokens are the kept array (nothing converted again), equal to the ids."""
-    p = prompt_from_tokens(array("q", [5, 0, 7, 3, 9, 9, 1]), None, SEGS)
+def test_holds_the_ids_as_one_read_only_uint32_array_the_decision_uses() -> None:
+    """The ids are a read-only uint32 copy of the engine's array; PreparedPrompt.of takes it as is"""
+    engine = array("q", [5, 0, 7, 3, 9, 9, 1])
+    p = prompt_from_tokens(engine, None, SEGS)
     prepared = PreparedPrompt.of(p)
-    assert prepared.tokens.dtype == np.uint32 and prepared.tokens.tolist() == p.token_ids
-    assert PreparedPrompt.of(p).tokens is prepared.tokens
-    other = _validated(list(p.token_ids))  # an equal prompt parsed anew is converted anew
-    assert PreparedPrompt.of(other).tokens is not prepared.tokens
-    assert PreparedPrompt.of(other).tokens.tolist() == p.token_ids
+    assert prepared.tokens is p.token_ids.array and prepared.tokens.dtype == np.uint32
+    assert not prepared.tokens.flags.writeable and p.token_ids == [5, 0, 7, 3, 9, 9, 1]
+    engine[0] = 8  # NOTE: the engine reusing its buffer changes nothing semgov holds
+    assert p.token_ids[0] == 5 and PreparedPrompt.of(p).tokens.tolist() == [5, 0, 7, 3, 9, 9, 1]
 
 
 @pytest.mark.parametrize(

@@ -314,7 +314,7 @@ class Bench:
 
     def warm_up(self, req: CapturedRequest) -> None:
         """Kernels, decoding, Presidio and the decision path, without caching any pair's PII scan."""
-        self.answer(mz.cold_prefill(self.lm, req.prompt.token_ids))
+        self.answer(mz.cold_prefill(self.lm, req.prompt.token_ids.tolist()))
         fc = self.policy.fact_config
         scanner = self.evaluator.ctx.pii_scanner
         assert scanner is not None
