@@ -193,3 +193,26 @@ def test_repeated_blocks_behind_a_new_wrapper_are_all_found() -> None:
     one = SegmentTable.from_triples
     lcp, spans = find_spans(r, one([("other", 0, len(r))]), d, one([("other", 0, len(d))]), min_span=32)
     assert lcp == 0 and len(spans) == 400 and sum(s.length for s in spans) == 400 * 40
+
+
+@settings(max_examples=300, deadline=None)
+@given(flags=st.lists(st.booleans(), max_size=200), min_len=st.integers(1, 6))
+def test_runs_are_exactly_the_maximal_true_stretches(flags: list[bool], min_len: int) -> None:
+    """_runs returns every maximal run of True of at least min_len, in order, as starts and lengths."""
+    from semgov._internal.tokens import _runs
+
+    want: list[tuple[int, int]] = []
+    i = 0
+    while i < len(flags):
+        if flags[i]:
+            j = i
+            while j < len(flags) and flags[j]:
+                j += 1
+            if j - i >= min_len:
+                want.append((i, j - i))
+            i = j
+        else:
+            i += 1
+    starts, lengths = _runs(np.array(flags, dtype=np.bool_), min_len)
+    assert starts.dtype == lengths.dtype == np.int64
+    assert list(zip(starts.tolist(), lengths.tolist(), strict=True)) == want

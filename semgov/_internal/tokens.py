@@ -117,14 +117,23 @@ def _kgram_at(t: U32, pos: npt.NDArray[np.intp], k: int) -> U32:
 
 def _runs(eq: npt.NDArray[np.bool_], min_len: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Starts and lengths of True runs of at least ``min_len`` in ``eq``."""
-    if not eq.any():
+    n = len(eq)
+    if n == 0 or not eq.any():
         empty = np.empty(0, dtype=np.int64)
         return empty, empty
-    d = np.diff(np.concatenate(([0], eq.view(np.int8), [0])))
-    starts = np.flatnonzero(d == 1)
-    lengths = np.flatnonzero(d == -1) - starts
+    # NOTE: two passes over the n flags (where they change, and where that is): the run edges are
+    # few, so telling starts from ends on them costs nothing.
+    edges = np.flatnonzero(eq[1:] != eq[:-1]) + 1
+    rising = eq[edges]
+    starts = edges[rising]
+    ends = edges[~rising]
+    if eq[0]:
+        starts = np.concatenate(([0], starts))
+    if eq[-1]:
+        ends = np.concatenate((ends, [n]))
+    lengths = ends - starts
     keep = lengths >= min_len
-    return starts[keep], lengths[keep]
+    return starts[keep].astype(np.int64, copy=False), lengths[keep].astype(np.int64, copy=False)
 
 
 @dataclass(frozen=True, slots=True)
