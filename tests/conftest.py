@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from semgov import Evaluator, Keyring, SigningKey, load_policy, provenance_payload, sign_provenance
@@ -51,6 +53,16 @@ class Keys:
         self.keyring = Keyring(
             [TrustedKey("k1", self.k1.public_key, False), TrustedKey("k2", self.k2.public_key, True)]
         )
+
+
+@pytest.fixture(autouse=True)
+def _structlog_isolated() -> Iterator[None]:
+    """Every test starts and ends with structlog unconfigured: a CLI run in-process or the hostile
+    campaign (which filters below CRITICAL) configures it, and a later test's stderr diagnostics
+    must not depend on which tests ran before it."""
+    structlog.reset_defaults()
+    yield
+    structlog.reset_defaults()
 
 
 @pytest.fixture(scope="session")

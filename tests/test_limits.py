@@ -387,14 +387,6 @@ def test_rego_nesting_bomb_is_refused_fast(tmp_path: Path) -> None:
 # ---- the command line -------------------------------------------------------------------------
 
 
-@pytest.fixture(autouse=True)
-def _default_structlog() -> None:
-    """Diagnostics reach stderr whatever structlog filtering an earlier test left configured."""
-    import structlog
-
-    structlog.reset_defaults()
-
-
 def _check_args(captured: Path, *extra: str) -> list[str]:
     return [
         "check", str(captured), "--policy", str(DEFAULT_POLICY_DIR), "--trust", str(EX / "keyring.json"),
