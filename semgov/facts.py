@@ -70,9 +70,12 @@ class PreparedPrompt:
 
     @classmethod
     def of(cls, prompt: Prompt) -> PreparedPrompt:
-        # NOTE: the prompt's own read-only uint32 array: nothing is converted.
+        # NOTE: the prompt's own read-only uint32 array: nothing is converted (a prompt built with
+        # model_construct from a plain list, which no semgov path does, is converted here).
+        ids = prompt.token_ids
+        toks = ids.array if isinstance(ids, TokenIds) else TokenIds.from_list(list(ids)).array
         segs = SegmentTable.from_triples([(s.role, s.start, s.end) for s in prompt.segments])
-        return cls(prompt.token_ids.array, segs)
+        return cls(toks, segs)
 
 
 def prompt_from_tokens(

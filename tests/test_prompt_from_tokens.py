@@ -72,3 +72,12 @@ def test_refuses_an_unknown_role_and_a_non_string_text() -> None:
         prompt_from_tokens(array("q", [1, 2]), None, [("wizard", 0, 2)])
     with pytest.raises(ValueError, match="text"):
         prompt_from_tokens(array("q", [1, 2]), b"bytes", [("system", 0, 2)])  # type: ignore[arg-type]
+
+
+def test_a_prompt_constructed_from_a_plain_list_is_still_prepared() -> None:
+    """Prompt.model_construct with a list (no semgov path does it) is still prepared (converted once)."""
+    p = Prompt.model_construct(
+        token_ids=[4, 5, 6], text=None, segments=_validated([4, 5, 6], None, [("other", 0, 3)]).segments
+    )
+    prepared = PreparedPrompt.of(p)
+    assert prepared.tokens.dtype == np.uint32 and prepared.tokens.tolist() == [4, 5, 6]
