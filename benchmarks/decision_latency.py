@@ -22,6 +22,14 @@ once, and its provenance signature verified once, not per decision.
 arrives as SGLang's ``array('q')`` and ``engine_hooks.sglang.governor.evaluate_request`` builds its
 prompt and request and decides (donors registered first, as the hook holds them).
 
+``--hot``: each request is decided once untimed, then the same decision is timed: the donor's
+digest, index and signature are cached and the CPU caches hold its data. The difference from the
+default is first-use work and memory traffic, not the decision's own code.
+
+``--breakdown``: also prints, per row, the mean time spent in each stage of the decision (prompt
+building, provenance facts, span search and its parts, the policy engine, signing), by wrapping
+those functions with a timer (the wrappers add a little; the total is timed as usual).
+
 First it prints a machine baseline measured in the same run (median of 200): converting an
 18,432-token list to an array, SHA-256 of those 73,728 bytes, one Ed25519 verification. Compare
 figures from two machines only together with their baselines.
@@ -103,6 +111,64 @@ def _hook_call(ev: Evaluator, r: CapturedRequest) -> Any:
     return lambda: evaluate_request(ev, now, r.request_id, ctx, tokens, text, cands)
 
 
+_STAGES = (
+    ("engine_hooks.sglang.governor", "prompt_of"),
+    ("semgov.facts", "_provenance_facts"),
+    ("semgov.facts", "find_spans"),
+    ("semgov._internal.tokens", "_candidate_diagonals"),
+    ("semgov._internal.tokens", "_collect_runs"),
+    ("semgov.decide", "compute_facts"),
+    ("semgov.decide", "checked_result"),
+    ("semgov.decide", "sign_record"),
+)
+
+
+def _instrument(engine: Any, acc: dict[str, float]) -> None:
+    """Wrap each stage (and the engine's evaluate) with a timer adding seconds into ``acc``."""
+    import functools
+    import importlib
+
+    def timed(owner: Any, name: str, label: str) -> None:
+        fn = getattr(owner, name)
+
+        @functools.wraps(fn)
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                acc[label] = acc.get(label, 0.0) + time.perf_counter() - t
+
+        setattr(owner, name, wrapper)
+
+    for mod, name in _STAGES:
+        timed(importlib.import_module(mod), name, name)
+    timed(engine, "evaluate", "policy engine")
+
+
+def _one_run(ev: Evaluator, lines: list[str], args: argparse.Namespace) -> tuple[list[float], str]:
+    """One timed pass over ``lines`` with fresh caches: microseconds per decision, the last decision."""
+    gc.collect()
+    ts: list[float] = []
+    decision = ""
+    for line in lines:
+        # NOTE: parsing is outside the timed region (it is per request and is in
+        # check_throughput.py); each request is parsed just before its decision, as a server
+        # would, so the heap never holds every prompt.
+        r = CapturedRequest.model_validate_json(line)
+        if args.registered:
+            ev.register_donor(r.candidates[0].prompt)
+            ev.register_provenance(r.candidates[0].provenance)
+        call = _hook_call(ev, r) if args.hook else (lambda r=r: ev.evaluate(r))
+        if args.hot:
+            call()  # NOTE: the same decision once, untimed: everything it uses is now cached
+        t = time.perf_counter()
+        [d] = call()
+        ts.append((time.perf_counter() - t) * 1e6)
+        decision = d.decision
+    return ts, decision
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[4096, 18432], help="prompt lengths in tokens")
@@ -113,6 +179,8 @@ def main() -> int:
     )
     ap.add_argument("--registered", action="store_true", help="register each donor before its decision")
     ap.add_argument("--hook", action="store_true", help="time the SGLang hook's evaluate_request per request")
+    ap.add_argument("--hot", action="store_true", help="time each decision a second time, caches warm")
+    ap.add_argument("--breakdown", action="store_true", help="mean time per stage of the decision, per row")
     args = ap.parse_args()
     if args.hook:
         args.registered = True
@@ -124,50 +192,38 @@ def main() -> int:
     print(
         f"decision latency per candidate (1 core, n={args.n} per row, best p99 of {args.repeat} runs, "
         f"policy default, engine yaml, donors {'registered first' if args.registered else 'not registered'}"
-        f"{'; the hook: evaluate_request from array(q) tokens' if args.hook else ''})"
+        f"{'; the hook: evaluate_request from array(q) tokens' if args.hook else ''}"
+        f"{'; hot: the second of two identical decisions is timed' if args.hot else ''})"
     )
     print(
         f"{'tokens':>7} {'cohort':<18} {'decision':<8} {'p50 us':>8} {'p90 us':>8} {'p99 us':>8} "
         f"{'max us':>8} {'<1ms':>6}"
     )
+    acc: dict[str, float] = {}
+    if args.breakdown:
+        _instrument(type(ev.engine), acc)
     worst_p99 = 0.0
     for size in args.sizes:
         for cohort in COHORTS:
             lines = [json.dumps(w.request(cohort, size)) for _ in range(args.n)]
             for line in lines[:20]:  # warm-up
                 ev.evaluate(CapturedRequest.model_validate_json(line))
-            runs = []
-            for _ in range(args.repeat):
-                gc.collect()
-                ev = Evaluator(ev.policy, w.keyring, w.decision_key)  # cold caches every run
-                ts = []
-                decision = ""
-                for line in lines:
-                    # NOTE: parsing is outside the timed region (it is per request and is
-                    # in check_throughput.py); each request is parsed just before its
-                    # decision, as a server would, so the heap never holds every prompt.
-                    r = CapturedRequest.model_validate_json(line)
-                    if args.registered:
-                        ev.register_donor(r.candidates[0].prompt)
-                        ev.register_provenance(r.candidates[0].provenance)
-                    if args.hook:
-                        call = _hook_call(ev, r)
-                        t = time.perf_counter()
-                        [d] = call()
-                    else:
-                        t = time.perf_counter()
-                        [d] = ev.evaluate(r)
-                    ts.append((time.perf_counter() - t) * 1e6)
-                    decision = d.decision
-                runs.append(ts)
+            acc.clear()
+            runs = [
+                _one_run(Evaluator(ev.policy, w.keyring, w.decision_key), lines, args)
+                for _ in range(args.repeat)
+            ]
             # the run least disturbed by the rest of the machine (lowest p99)
-            ts = min(runs, key=lambda xs: pct(xs, 0.99))
+            ts, decision = min(runs, key=lambda run: pct(run[0], 0.99))
             under = sum(x < 1000 for x in ts) / len(ts)
             worst_p99 = max(worst_p99, pct(ts, 0.99))
             print(
                 f"{size:>7} {cohort:<18} {decision:<8} {pct(ts, 0.5):>8.0f} {pct(ts, 0.9):>8.0f} "
                 f"{pct(ts, 0.99):>8.0f} {max(ts):>8.0f} {under:>6.1%}"
             )
+            if args.breakdown:
+                per = args.repeat * len(lines) * (2 if args.hot else 1)
+                print("        mean us: " + ", ".join(f"{k} {v / per * 1e6:.0f}" for k, v in acc.items()))
     print(f"worst p99: {worst_p99:.0f} us (target < 1000 us)")
     return 0
 
