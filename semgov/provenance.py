@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from semgov._internal.bindings import segments_sha256, text_sha256
 from semgov._internal.timefmt import rfc3339
+from semgov._internal.token_ids import TokenIds
 from semgov._internal.tokens import as_tokens, token_hash
 from semgov.canonical import canonicalize
 from semgov.errors import InputError
@@ -55,7 +56,10 @@ def provenance_payload(
         "created_at": rfc3339(created_at),
         "expires_at": rfc3339(expires_at),
         "policy_version": policy_version,
-        "token_ids_sha256": token_hash(as_tokens(list(token_ids))),
+        # NOTE: a prompt's TokenIds is hashed from its array as is (no list round trip)
+        "token_ids_sha256": token_hash(
+            token_ids.array if isinstance(token_ids, TokenIds) else as_tokens(list(token_ids))
+        ),
         "segments_sha256": segments_sha256(segments),
         "text_sha256": None if text is None else text_sha256(text),
         "pii": {"scanned": pii_scanned, "entities": sorted(pii_entities)},

@@ -48,3 +48,18 @@ def test_signature_covers_canonical_payload(keys: Keys) -> None:
     assert verify_signature(keys.k1.public_key, prov["signature"], canonicalize(prov["payload"]))
     changed = {**prov["payload"], "namespace": "other"}
     assert not verify_signature(keys.k1.public_key, prov["signature"], canonicalize(changed))
+
+
+def test_token_hash_is_the_same_for_a_prompts_token_array_and_its_list() -> None:
+    """A prompt's TokenIds, an array('q') and a list of the same ids give one token hash."""
+    from array import array
+
+    import numpy as np
+
+    from semgov._internal.token_ids import TokenIds
+
+    ids = [7, 0, 2**32 - 1, 40_000]
+    want = tokens_sha256(ids)
+    assert _payload(token_ids=TokenIds(np.array(ids)))["token_ids_sha256"] == want
+    assert _payload(token_ids=array("q", ids))["token_ids_sha256"] == want
+    assert _payload(token_ids=TokenIds(np.array([7, 0, 1, 40_000])))["token_ids_sha256"] != want

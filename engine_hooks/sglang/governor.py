@@ -297,7 +297,7 @@ def build_donor_entry(
         created_at=now,
         expires_at=now + timedelta(seconds=ttl_s),
         policy_version=policy_version,
-        token_ids=spec.token_ids,
+        token_ids=prompt.token_ids,  # NOTE: the same ids, already one array
         segments=prompt.segments,
         text=prompt.text,
         pii_entities=sorted(found) if found is not None else (),
