@@ -138,6 +138,7 @@ SPECIAL_STRINGS: tuple[str, ...] = (
     "semgov.captured_request/v1",
     "semgov.provenance/v1",
     "semgov.decision/v1",
+    "semgov.decision/v2",
     "semgov.policy_input/v1",
     "semgov.audit_proof/v1",
     "2026-11-29T10:00:00Z",

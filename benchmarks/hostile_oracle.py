@@ -502,7 +502,7 @@ def judge_policy_yaml(data: Any) -> list[str]:  # noqa: C901
     p: list[str] = []
     top = {
         "name", "version", "description", "accepted_policy_versions", "tenant", "namespace", "expiry",
-        "pii", "task", "similarity", "token_verification",
+        "pii", "task", "similarity", "token_verification", "quality",
     }  # fmt: skip
     p += [f"unknown key {k!r}" for k in data if k not in top]
     if not (isinstance(data.get("name"), str) and _NAME.match(data["name"])):
@@ -597,6 +597,32 @@ def judge_policy_yaml(data: Any) -> list[str]:  # noqa: C901
             "reusable_roles": roles,
         },
     )
+
+    def percent(v: object) -> bool:
+        return pos_int(0)(v) and v <= 100  # type: ignore[operator]
+
+    def rules(v: object) -> bool:
+        scope = {"task": lambda x: isinstance(x, str) and x != "", "response_contract": None}
+        scope["response_contract"] = scope["task"]
+        kinds = {**scope, "allow_shifted": boolean, "shifted_recompute_percent": percent,
+                 "min_recompute_tokens": pos_int(0)}  # fmt: skip
+        return isinstance(v, list) and all(
+            isinstance(r, dict) and all(k in kinds and (x is None or kinds[k](x)) for k, x in r.items())
+            for r in v
+        )
+
+    section(
+        "quality", {"shifted_recompute_percent": percent, "min_recompute_tokens": pos_int(0), "rules": rules}
+    )
+    tv, q = data.get("token_verification"), data.get("quality")
+    if (
+        isinstance(tv, dict)
+        and tv.get("allow_shifted") is False
+        and isinstance(q, dict)
+        and isinstance(q.get("rules"), list)
+        and any(isinstance(r, dict) and r.get("allow_shifted") is True for r in q["rules"])
+    ):
+        p.append("quality.rules: a rule allows shifted spans the policy forbids")
     return p
 
 

@@ -617,6 +617,7 @@ class RecordsTarget(Target):
     def _schemas(self) -> dict[str, Schema]:
         return {
             "semgov.decision/v1": Schema.load("decision.schema.json"),
+            "semgov.decision/v2": Schema.load("decision.schema.json"),
             "semgov.engine_event/v1": Schema.load("engine_event.schema.json"),
         }
 
@@ -664,7 +665,7 @@ class RecordsTarget(Target):
         else:
             v.accepted = True
             rec = json.loads(data)
-            if not authentic or rec.get("schema") != "semgov.decision/v1":
+            if not authentic or rec.get("schema") not in ("semgov.decision/v1", "semgov.decision/v2"):
                 v.allows.append(f"verify_decision accepted: {why or 'wrong schema'}")
         # 2. The audit verifier's per-leaf check (the leaf is the exact bytes).
         problem = call(record_problem, data, pk, kid)
@@ -694,6 +695,9 @@ class RecordsTarget(Target):
         errs = schema.errors(rec)
         if errs:
             return False, _kind(errs[0]), False
+        plan = _plan_problem(rec)
+        if plan:
+            return False, plan, False
         if rec.get("key_id") != self.ctx.key_id:
             return False, "other key id", False
         sig, canonical_b64 = b64_signature(rec.get("signature"))
@@ -705,6 +709,20 @@ class RecordsTarget(Target):
             return False, "signature does not verify", False
         exact = canonical(rec) == data
         return True, lax_note or ("" if canonical_b64 else "non-canonical base64 signature"), exact
+
+
+def _plan_problem(rec: dict[str, Any]) -> str:
+    """What the schema file cannot say about a decision's plan: a v2 span states ``recompute`` (at
+    most its length), a v1 span does not."""
+    name = rec.get("schema")
+    if name not in ("semgov.decision/v1", "semgov.decision/v2"):
+        return ""
+    for s in rec.get("approved_spans", []):
+        if (name == "semgov.decision/v2") != ("recompute" in s):
+            return "plan does not fit the schema version"
+        if "recompute" in s and s["recompute"] > s["length"]:
+            return "recompute beyond its span"
+    return ""
 
 
 # ---- keyrings -------------------------------------------------------------------------------------------
@@ -1200,8 +1218,10 @@ class RegoPolicyTarget(Target):
             return "approved_spans is not an array"
         verified = fx.allow_doc_json["facts"]["tokens"]["spans"]
         for s in spans:
-            if not (isinstance(s, dict) and set(s) == {"recipient_start", "donor_start", "length", "kind"}
+            keys = {"recipient_start", "donor_start", "length", "kind"}
+            if not (isinstance(s, dict) and keys <= set(s) <= keys | {"recompute"}
                     and all(type(s[k]) is int for k in ("recipient_start", "donor_start", "length"))
+                    and type(s.get("recompute", 0)) is int and 0 <= s.get("recompute", 0) <= s["length"]
                     and s["kind"] in ("prefix", "shifted")):  # fmt: skip
                 return "malformed span"
             if not any(

@@ -81,6 +81,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey 
 from semgov import CapturedRequest, Evaluator, Keyring, SigningKey, load_policy  # noqa: E402
 from semgov import facts as facts_mod  # noqa: E402
 from semgov.keys import TrustedKey  # noqa: E402
+from semgov.models import DECISION_SCHEMAS  # noqa: E402
 from semgov.provenance import provenance_payload, sign_provenance  # noqa: E402
 
 TASK = {"id": "extract_financials", "version": "1"}
@@ -418,7 +419,8 @@ def hook_runtime() -> Any:
 
 
 def hook_files(directory: Path) -> Any:
-    """What tests/sglang_hook's ``hook_files`` fixture does: real keys, keyring, context key, policy."""
+    """What tests/sglang_hook's ``hook_files`` fixture does: real keys, keyring, context key, policy
+    (the default's gates, no recompute planned: the in-tenant reference reuse is a front copy)."""
     hc = _harness_module()
     from semgov.keys import generate_keypair, key_id_for, load_public_key
 
@@ -430,7 +432,7 @@ def hook_files(directory: Path) -> Any:
     secret = b"gateway-secret-for-side-channel-0123456789"
     ck = directory / "context.key"
     ck.write_bytes(secret)
-    return hc.HookFiles(directory, priv, trust, ck, secret, directory / "audit", hc.DEFAULT_POLICY)
+    return hc.HookFiles(directory, priv, trust, ck, secret, directory / "audit", hc.copy_policy(directory))
 
 
 @dataclass(frozen=True)
@@ -538,7 +540,7 @@ class HookRig:
         return sum(
             1
             for r in self.h.records()
-            if r["schema"] == "semgov.decision/v1" and str(r["request_id"]).startswith(prefix)
+            if r["schema"] in DECISION_SCHEMAS and str(r["request_id"]).startswith(prefix)
         )
 
     def clean(self) -> bool:

@@ -112,7 +112,9 @@ def checked_result(result: EngineResult, doc: PolicyInput) -> EngineResult:
     ordered = sorted(result.approved_spans, key=lambda s: s.recipient_start)
     overlap = any(a.recipient_start + a.length > b.recipient_start for a, b in itertools.pairwise(ordered))
     for s in result.approved_spans:
-        ok = not overlap and verified.contains(s)
+        ok = (
+            not overlap and verified.contains(s) and type(s.recompute) is int and 0 <= s.recompute <= s.length
+        )
         if not ok:
             gates = [
                 g
@@ -120,7 +122,7 @@ def checked_result(result: EngineResult, doc: PolicyInput) -> EngineResult:
                 else GateOutcome(
                     gate=g.gate,
                     result="error",
-                    detail=f"engine approved overlapping or unverified spans, e.g. {s!r}",
+                    detail=f"engine approved overlapping, unverified or ill-planned spans, e.g. {s!r}",
                 )
                 for g in result.gates
             ]
@@ -422,6 +424,7 @@ class Evaluator:
                     "donor_start": s.donor_start,
                     "length": s.length,
                     "kind": s.kind,
+                    "recompute": s.recompute,
                 }
                 for s in spans
             ],

@@ -21,12 +21,17 @@ class GateOutcome:
 
 @dataclass(frozen=True, slots=True)
 class ApprovedSpan:
-    """Token positions the policy approves for copying (the record's ``approved_spans[]``)."""
+    """Token positions the policy approves for reuse (the record's ``approved_spans[]``).
+
+    ``recompute``: how many of the span's leading tokens the engine must compute instead of
+    copying (the policy's quality plan for shifted spans; ``0 <= recompute <= length``).
+    """
 
     recipient_start: int
     donor_start: int
     length: int
     kind: Literal["prefix", "shifted"]
+    recompute: int = 0
 
 
 @dataclass(frozen=True, slots=True)

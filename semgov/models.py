@@ -27,7 +27,9 @@ from semgov._internal.token_ids import TokenIds
 
 CAPTURED_REQUEST_SCHEMA = "semgov.captured_request/v1"
 PROVENANCE_SCHEMA = "semgov.provenance/v1"
-DECISION_SCHEMA = "semgov.decision/v1"
+DECISION_SCHEMA = "semgov.decision/v2"
+# NOTE: every decision schema semgov reads; v1 records (no realization plan) still verify.
+DECISION_SCHEMAS = ("semgov.decision/v1", DECISION_SCHEMA)
 POLICY_INPUT_SCHEMA = "semgov.policy_input/v1"
 ENGINE_EVENT_SCHEMA = "semgov.engine_event/v1"
 
@@ -257,6 +259,19 @@ class Span(_Strict):
     kind: Literal["prefix", "shifted"]
 
 
+class PlannedSpan(Span):
+    """An approved span with its realization plan (``semgov.decision/v2``): the engine computes the
+    span's leading ``recompute`` tokens and may copy only the rest."""
+
+    recompute: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _within(self) -> PlannedSpan:
+        if self.recompute > self.length:
+            raise ValueError(f"recompute {self.recompute} exceeds the span's length {self.length}")
+        return self
+
+
 class PolicyRef(_Strict):
     name: str
     version: str
@@ -265,9 +280,13 @@ class PolicyRef(_Strict):
 
 
 class DecisionRecord(_Strict):
-    """Signed outcome of evaluating one donor candidate for one request."""
+    """Signed outcome of evaluating one donor candidate for one request.
 
-    schema_: Literal["semgov.decision/v1"] = Field(alias="schema")
+    ``semgov.decision/v2`` (written since the quality plan): every approved span states
+    ``recompute``; ``semgov.decision/v1`` (older logs): spans without it, read and verified as they are.
+    """
+
+    schema_: Literal["semgov.decision/v1", "semgov.decision/v2"] = Field(alias="schema")
     decision_id: str
     request_id: str
     tenant: str
@@ -275,7 +294,7 @@ class DecisionRecord(_Strict):
     donor_id: str
     decision: Literal["allow", "deny"]
     gates: list[GateResult]
-    approved_spans: list[Span]
+    approved_spans: list[PlannedSpan | Span]
     approved_tokens: int = Field(ge=0)
     recipient_tokens: int = Field(ge=0)
     policy: PolicyRef
@@ -284,6 +303,15 @@ class DecisionRecord(_Strict):
     signature: str
 
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _plan_by_version(self) -> DecisionRecord:
+        planned = self.schema_ == DECISION_SCHEMA
+        for i, s in enumerate(self.approved_spans):
+            if isinstance(s, PlannedSpan) != planned:
+                need = "states `recompute`" if planned else "has no `recompute`"
+                raise ValueError(f"approved_spans.{i}: a {self.schema_} span {need}")
+        return self
 
 
 # --- engine events -----------------------------------------------------------

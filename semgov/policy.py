@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated
@@ -22,6 +23,7 @@ from pydantic import (
     StringConstraints,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from semgov._internal.pii import DEFAULT_PHONE_REGIONS
@@ -166,6 +168,46 @@ class TokenVerificationSection(_Section):
         return v
 
 
+class QualityRule(_Section):
+    """Realization settings for one scope: requests whose task id and response contract id match
+    (an omitted key matches any); unset settings keep the section's defaults."""
+
+    task: Annotated[str, StringConstraints(min_length=1)] | None = None
+    response_contract: Annotated[str, StringConstraints(min_length=1)] | None = None
+    # false: no shifted span is approved in this scope (a rule cannot allow what
+    # token_verification.allow_shifted forbids everywhere).
+    allow_shifted: bool | None = None
+    shifted_recompute_percent: int | None = Field(default=None, ge=0, le=100)
+    min_recompute_tokens: int | None = Field(default=None, ge=0)
+
+
+class QualitySection(_Section):
+    """How approved shifted spans are realized: a shifted span's K/V was computed behind other
+    tokens, so its leading ``min(length, max(min_recompute_tokens, ceil(percent * length / 100)))``
+    tokens are computed by the engine and only the rest is copied. The decision record states the
+    count per span, signed. The first rule matching the request applies instead of the defaults."""
+
+    shifted_recompute_percent: int = Field(default=5, ge=0, le=100)
+    min_recompute_tokens: int = Field(default=16, ge=0)
+    rules: list[QualityRule] = Field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class QualityPlan:
+    """The quality settings for one request: the matching rule's, else the defaults."""
+
+    allow_shifted: bool
+    percent: int
+    min_tokens: int
+    rule: int | None  # index into ``quality.rules``; None: the defaults
+
+    def recompute(self, kind: str, length: int) -> int:
+        """Leading tokens of an approved span the engine must compute (0 for prefix spans)."""
+        if kind != "shifted":
+            return 0
+        return min(length, max(self.min_tokens, -(-self.percent * length // 100)))
+
+
 class Policy(BaseModel):
     """A loaded YAML policy. Build with :func:`load_policy`."""
 
@@ -184,7 +226,20 @@ class Policy(BaseModel):
     task: TaskSection = Field(default_factory=TaskSection)
     similarity: SimilaritySection = Field(default_factory=SimilaritySection)
     token_verification: TokenVerificationSection = Field(default_factory=TokenVerificationSection)
+    quality: QualitySection = Field(default_factory=QualitySection)
     _revision: str = PrivateAttr(default="")
+
+    @model_validator(mode="after")
+    def _rules_only_tighten(self) -> Policy:
+        if self.token_verification.allow_shifted:
+            return self
+        for i, r in enumerate(self.quality.rules):
+            if r.allow_shifted:
+                raise ValueError(
+                    f"quality.rules.{i}.allow_shifted is true, but token_verification.allow_shifted is "
+                    "false: a rule can forbid shifted reuse in its scope, never allow it"
+                )
+        return self
 
     @field_validator("version", mode="before")
     @classmethod
@@ -222,6 +277,24 @@ class Policy(BaseModel):
         from semgov.yaml_engine import YamlEngine
 
         return YamlEngine(self)
+
+    def quality_plan(self, task_id: str, contract_id: str) -> QualityPlan:
+        """The quality settings for a request with this task id and response contract id."""
+        q, tv = self.quality, self.token_verification
+        for i, r in enumerate(q.rules):
+            if r.task not in (None, task_id) or r.response_contract not in (None, contract_id):
+                continue
+            return QualityPlan(
+                allow_shifted=tv.allow_shifted and r.allow_shifted is not False,
+                percent=q.shifted_recompute_percent
+                if r.shifted_recompute_percent is None
+                else r.shifted_recompute_percent,
+                min_tokens=q.min_recompute_tokens
+                if r.min_recompute_tokens is None
+                else r.min_recompute_tokens,
+                rule=i,
+            )
+        return QualityPlan(tv.allow_shifted, q.shifted_recompute_percent, q.min_recompute_tokens, None)
 
     @cached_property
     def accepted_versions(self) -> frozenset[str]:

@@ -26,6 +26,7 @@ QUERY = (
     f'x := {{"allow": data.{PACKAGE}.allow, "deny": data.{PACKAGE}.deny, '
     f'"approved_spans": data.{PACKAGE}.approved_spans}}'
 )
+_SPAN_KEYS = frozenset({"recipient_start", "donor_start", "length", "kind"})
 _KINDS = ("prefix", "shifted")
 
 
@@ -70,14 +71,21 @@ def interpret(raw: Any, doc: PolicyInput) -> EngineResult:
             outcomes.append(GateOutcome(gate=gate, result="pass", detail="no deny rule fired"))
     approved = []
     for s in spans:
+        # NOTE: `recompute` (leading tokens the engine must compute) is optional: absent, none.
         if not (
             isinstance(s, dict)
-            and set(s) == {"recipient_start", "donor_start", "length", "kind"}
+            and _SPAN_KEYS <= set(s) <= _SPAN_KEYS | {"recompute"}
             and all(type(s[k]) is int for k in ("recipient_start", "donor_start", "length"))
+            and type(s.get("recompute", 0)) is int
+            and 0 <= s.get("recompute", 0) <= s["length"]
             and s["kind"] in _KINDS
         ):
             raise EngineOutputError(f"approved span is malformed: {s!r:.200}")
-        approved.append(ApprovedSpan(s["recipient_start"], s["donor_start"], s["length"], s["kind"]))
+        approved.append(
+            ApprovedSpan(
+                s["recipient_start"], s["donor_start"], s["length"], s["kind"], s.get("recompute", 0)
+            )
+        )
     return EngineResult(outcomes, approved)
 
 

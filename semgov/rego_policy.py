@@ -8,7 +8,8 @@ tests, not policy) in ``package semgov.reuse`` over the policy input document
 - ``deny``: a set of ``{"gate": <gate name>, "detail": <string>}`` objects;
 - ``allow``: a boolean, true exactly when ``deny`` is empty;
 - ``approved_spans``: the spans to copy on allow, each
-  ``{"recipient_start", "donor_start", "length", "kind"}``.
+  ``{"recipient_start", "donor_start", "length", "kind"}`` and optionally ``"recompute"``, the
+  leading tokens the engine must compute instead of copying (the quality plan; absent: 0).
 
 Optional: ``facts_config``, a constant object with the parameters of fact
 computation (see :class:`semgov.fact_config.FactConfig`). Policies read the clock

@@ -12,7 +12,7 @@ from typing import Literal
 
 from semgov.engine import ApprovedSpan, EngineResult, GateOutcome, fact_error
 from semgov.models import GATES, GateName
-from semgov.policy import Policy, namespace_matches
+from semgov.policy import Policy, QualityPlan, namespace_matches
 from semgov.policy_input import DonorFacts, PolicyInput, SpanFacts
 
 Outcome = tuple[bool, str]
@@ -153,19 +153,25 @@ def gate_similarity(p: Policy, doc: PolicyInput) -> Outcome:
     return False, f"similarity {s:.4g} < {p.similarity.min:.4g}"
 
 
+def _plan(p: Policy, doc: PolicyInput) -> QualityPlan:
+    return p.quality_plan(doc.request.task.id, doc.request.response_contract.id)
+
+
 def approved_spans(p: Policy, doc: PolicyInput) -> list[SpanFacts]:
-    """Prefix spans always; shifted ones if allowed, long enough, in reusable roles on both sides."""
+    """Prefix spans always; shifted ones if allowed (for this request's task and contract), long
+    enough, in reusable roles on both sides."""
     t = doc.facts.tokens
     if t is None:
         raise RuntimeError("token facts missing")
     tv = p.token_verification
     roles = set(tv.reusable_roles)
+    shifted_ok = _plan(p, doc).allow_shifted
     return [
         s
         for s in t.spans
         if s.kind == "prefix"
         or (
-            tv.allow_shifted
+            shifted_ok
             and s.length >= tv.min_span_tokens
             and s.recipient_role in roles
             and s.donor_role in roles
@@ -182,6 +188,9 @@ def gate_token_verification(p: Policy, doc: PolicyInput) -> Outcome:
     frac = n / total if total else 0.0
     tv = p.token_verification
     summary = f"{n}/{total} tokens approved in {len(spans)} spans ({frac:.1%})"
+    rule = _plan(p, doc).rule
+    if rule is not None:
+        summary += f" under quality rule {rule}"
     if n == 0:
         return False, "no verified tokens to reuse"
     if n < tv.min_approved_tokens:
@@ -233,9 +242,14 @@ class YamlEngine:
             results.append(GateOutcome(gate=gate, result=res, detail=detail))
         spans: list[ApprovedSpan] = []
         if all(r.result == "pass" for r in results):
+            plan = _plan(self.policy, doc)
             spans = [
                 ApprovedSpan(
-                    recipient_start=s.recipient_start, donor_start=s.donor_start, length=s.length, kind=s.kind
+                    recipient_start=s.recipient_start,
+                    donor_start=s.donor_start,
+                    length=s.length,
+                    kind=s.kind,
+                    recompute=plan.recompute(s.kind, s.length),
                 )
                 for s in approved_spans(self.policy, doc)
             ]

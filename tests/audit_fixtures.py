@@ -44,7 +44,8 @@ def realization(decision: bytes, signer: SigningKey) -> bytes:
     import json
 
     dec = json.loads(decision)
-    spans = dec["approved_spans"]
+    # NOTE: an event lists realized spans, which carry no plan: the decision's minus `recompute`.
+    spans = [{k: v for k, v in s.items() if k != "recompute"} for s in dec["approved_spans"]]
     tokens = sum(s["length"] for s in spans)
     unsigned = engine_event(
         "realization",

@@ -49,7 +49,7 @@ def _records(keys: Any) -> list[bytes]:
         [d] = ev.evaluate(parse(request([cand], request_id=f"r-{i}")))
         out.append(d.canonical)
         if d.decision == "allow":
-            spans = d.approved_spans
+            spans = [{k: v for k, v in s.items() if k != "recompute"} for s in d.approved_spans]
             tokens = sum(s["length"] for s in spans)
             kind = "realization_failed" if i == 4 else "realization"
             if kind == "realization":
@@ -127,7 +127,8 @@ def test_unknown_schema_is_a_problem(log: Path) -> None:
     (log / LOG_FILE).write_bytes(b"".join(reframe(i, r) for i, r in enumerate(recs)))
     rep = verify_log(log, public_key=PUB, workers=1)
     assert any(
-        p.index == 2 and p.message == "not a semgov.decision/v1 or semgov.engine_event/v1 record"
+        p.index == 2
+        and p.message == "not a semgov.decision/v1, semgov.decision/v2 or semgov.engine_event/v1 record"
         for p in rep.problems
     )
 
@@ -173,7 +174,7 @@ def test_cli_show_by_decision_id(pristine: Path, capsys: pytest.CaptureFixture[s
     assert main(["audit", "show", str(pristine), "--format", "jsonl", "--decision-id", did]) == 0
     rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [(r["index"], r["schema"]) for r in rows] == [
-        (3, "semgov.decision/v1"),
+        (3, "semgov.decision/v2"),
         (4, "semgov.engine_event/v1"),
     ]
 
@@ -182,7 +183,7 @@ def test_cli_stats_counts_schemas_and_kinds(pristine: Path, capsys: pytest.Captu
     """stats counts records by schema, decisions by outcome, events by kind and tokens materialized."""
     assert main(["audit", "stats", str(pristine), "--by", "day"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "11 records: semgov.decision/v1 6, semgov.engine_event/v1 5"
+    assert out[0] == "11 records: semgov.decision/v2 6, semgov.engine_event/v1 5"
     assert out[1] == "6 decisions: allow 4, deny 2"
     assert out[2] == (
         "5 engine events: realization 3, realization_failed 1, reuse_disabled 1 (1110 tokens materialized)"
@@ -197,7 +198,7 @@ def test_cli_stats_with_a_decision_filter_skips_events(
     """A decision-only filter leaves engine events out of the tallies."""
     assert main(["audit", "stats", str(pristine), "--decision", "deny"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "2 records: semgov.decision/v1 2" and out[2].startswith("0 engine events")
+    assert out[0] == "2 records: semgov.decision/v2 2" and out[2].startswith("0 engine events")
 
 
 def test_bundle_proves_the_decision_not_an_event_naming_it(pristine: Path, tmp_path: Path) -> None:
@@ -209,7 +210,7 @@ def test_bundle_proves_the_decision_not_an_event_naming_it(pristine: Path, tmp_p
         for r in recs:
             lg.append(r)
     bundle = make_bundle(d, json.loads(recs[2])["decision_id"])
-    assert bundle["index"] == 2 and verify_bundle(bundle, PUB)["schema"] == "semgov.decision/v1"
+    assert bundle["index"] == 2 and verify_bundle(bundle, PUB)["schema"] == "semgov.decision/v2"
 
 
 def test_event_bundle_verifies_offline(

@@ -244,10 +244,30 @@ def test_event_counts_and_callback(lm: LoadedModel, prompts: dict[str, list[int]
     assert ev.materialized_tokens == 0 and ev.recomputed_tokens == d
     # the last position is computed even inside an approved shifted span
     tail = prompts["b"] + prompts["d"]
-    _, ev = mz.warm_prefill(
-        lm, tail, donor, [span(len(prompts["b"]), len(prompts["a"]), d, "shifted")], decision_id="t"
-    )
+    planned = {**span(len(prompts["b"]), len(prompts["a"]), d, "shifted"), "recompute": 20}
+    _, ev = mz.warm_prefill(lm, tail, donor, [planned], decision_id="t")
     assert ev.materialized_tokens == d - 20 - 1 and ev.recomputed_tokens == 21
+
+
+def test_the_records_plan_is_followed_and_a_floor_only_adds(
+    lm: LoadedModel, prompts: dict[str, list[int]], donor: mz.DonorKV
+) -> None:
+    """Each span's signed recompute head is computed, not copied; the caller's floor never lowers it."""
+    ids = prompts["shifted"]
+    d = len(prompts["d"])
+    plain = shifted_spans(prompts)[1:]
+    planned = [{**plain[0], "recompute": 123}]
+    _, ev = mz.warm_prefill(lm, ids, donor, plain, decision_id="p")
+    assert ev.materialized_tokens == d  # no plan, no floor: the whole shifted span is copied
+    _, ev = mz.warm_prefill(lm, ids, donor, planned, decision_id="p")
+    assert ev.materialized_tokens == d - 123 and ev.spans == tuple(plain)  # the event lists the span itself
+    _, ev = mz.warm_prefill(lm, ids, donor, planned, decision_id="p", recompute_share=0.05, min_recompute=16)
+    assert ev.materialized_tokens == d - 123  # the floor (20) is below the plan
+    _, ev = mz.warm_prefill(lm, ids, donor, planned, decision_id="p", recompute_share=0.5)
+    assert ev.materialized_tokens == d - d // 2
+    for bad in (-1, d + 1, True, 1.5):
+        with pytest.raises(ValueError, match="recompute"):
+            mz.warm_prefill(lm, ids, donor, [{**plain[0], "recompute": bad}], decision_id="p")
 
 
 def invalid_cases(prompts: dict[str, list[int]]) -> dict[str, tuple[list[int], list[dict[str, Any]]]]:
@@ -435,7 +455,8 @@ def test_real_model_prefix_bitwise_and_shifted_within_bounds(smollm2: LoadedMode
     answer = mz.greedy(lm, cold, 32)
     ref = mz.teacher_forced_logits(lm, cold, answer)
     spans = [span(0, 0, common_prefix(a, b), "prefix"), span(len(b), len(a), len(d), "shifted")]
-    warm, ev = mz.warm_prefill(lm, ids, donor, spans, decision_id="s")
+    planned = [spans[0], {**spans[1], "recompute": 20}]  # NOTE: the default policy's plan for 400 tokens
+    warm, ev = mz.warm_prefill(lm, ids, donor, planned, decision_id="s")
     assert ev.materialized_tokens == len(d) - 20
     kl, top1, _ = mz.compare_logits(ref, mz.teacher_forced_logits(lm, warm, answer))
     naive, _ = mz._warm_prefill(

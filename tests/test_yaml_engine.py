@@ -43,7 +43,8 @@ def test_exact_repeat_is_allowed_with_prefix_spans(evaluator: Evaluator, keys: K
 
 
 def test_shifted_repeat_approves_only_evidence(evaluator: Evaluator, keys: Keys) -> None:
-    """A new leading wrapper shifts evidence; only evidence (not the question) is approved, as shifted."""
+    """A new leading wrapper shifts evidence; only evidence (not the question) is approved, as shifted, with
+    the default quality plan (16 of its 300 leading tokens recomputed, none of the prefix's)."""
     recipient = segs(
         ("system", SYSTEM),
         ("instruction", list(range(300, 345))),
@@ -53,9 +54,21 @@ def test_shifted_repeat_approves_only_evidence(evaluator: Evaluator, keys: Keys)
     rec = decide(evaluator, request([candidate(keys)], prompt=recipient))
     assert rec["decision"] == "allow", failed(rec)
     spans = rec["approved_spans"]
-    assert spans[0] == {"recipient_start": 0, "donor_start": 0, "length": 20, "kind": "prefix"}
-    assert spans[1] == {"recipient_start": 65, "donor_start": 50, "length": 300, "kind": "shifted"}
-    assert rec["approved_tokens"] == 320
+    assert spans[0] == {
+        "recipient_start": 0,
+        "donor_start": 0,
+        "length": 20,
+        "kind": "prefix",
+        "recompute": 0,
+    }
+    assert spans[1] == {
+        "recipient_start": 65,
+        "donor_start": 50,
+        "length": 300,
+        "kind": "shifted",
+        "recompute": 16,
+    }
+    assert rec["approved_tokens"] == 320 and rec["schema"] == "semgov.decision/v2"
 
 
 def test_all_gates_run_even_after_a_failure(evaluator: Evaluator, keys: Keys) -> None:

@@ -6,10 +6,11 @@ to the donor's (``docs/policy.md``, token verification):
 - ``prefix`` span (``recipient_start == donor_start``, every earlier token identical): the
   donor's K/V are exactly what a cold prefill computes; they are copied as they are.
 - ``shifted`` span (same tokens at another position or after other context): the K/V are an
-  approximation. The leading ``min(len, max(min_recompute, ceil(recompute_share * len)))``
-  tokens are recomputed through the model, attending to everything before them in the
-  recipient, and the rest is copied with keys re-rotated from the donor's positions to the
-  recipient's (RoPE, rotate-half, from the model's ``inv_freq``).
+  approximation. The leading tokens the record's plan names (the span's ``recompute``, set by
+  the policy's quality section; at least ``min(len, max(min_recompute, ceil(recompute_share *
+  len)))`` when the caller adds a floor of its own) are recomputed through the model, attending
+  to everything before them in the recipient, and the rest is copied with keys re-rotated from
+  the donor's positions to the recipient's (RoPE, rotate-half, from the model's ``inv_freq``).
 
 Every position not approved is prefilled by the model, and the last prompt position is always
 computed (it produces the logits). :func:`governed_prefill` is the fail-closed entry point: it
@@ -104,6 +105,7 @@ class _Span:
     donor_start: int
     length: int
     kind: str
+    recompute: int = 0  # NOTE: leading tokens the record's plan says to compute (as_dict leaves it out)
 
     @property
     def end(self) -> int:
@@ -222,7 +224,10 @@ def _validate(lm: LoadedModel, token_ids: Sequence[int], donor: DonorKV, spans: 
         nums = [raw[k] for k in _SPAN_KEYS[:3]]
         if any(not isinstance(x, int) or isinstance(x, bool) for x in nums) or raw["kind"] not in _KINDS:
             raise ValueError(f"malformed span: {raw!r:.200}")
-        s = _Span(nums[0], nums[1], nums[2], str(raw["kind"]))
+        head = raw.get("recompute", 0)
+        if not isinstance(head, int) or isinstance(head, bool) or not 0 <= head <= nums[2]:
+            raise ValueError(f"malformed span (recompute): {raw!r:.200}")
+        s = _Span(nums[0], nums[1], nums[2], str(raw["kind"]), head)
         if s.length < 1 or s.recipient_start < 0 or s.donor_start < 0:
             raise ValueError(f"span with a negative start or no length: {s.as_dict()}")
         if s.end > n or s.donor_start + s.length > m:
@@ -251,21 +256,28 @@ def _plan(n: int, spans: list[_Span], recompute_share: float, min_recompute: int
     copies: list[_Copy] = []
     merged: list[_Span] = []
     for s in spans:  # token verification splits the common prefix at segment boundaries: rejoin it
-        if merged and s.kind == merged[-1].kind == "prefix" and merged[-1].end == s.recipient_start:
+        if (
+            merged
+            and s.kind == merged[-1].kind == "prefix"
+            and merged[-1].end == s.recipient_start
+            and not s.recompute
+            and not merged[-1].recompute
+        ):
             prev = merged.pop()
             s = _Span(prev.recipient_start, prev.donor_start, prev.length + s.length, "prefix")
         merged.append(s)
     for s in merged:
-        if s.kind == "prefix":
+        if s.kind == "prefix" and not s.recompute:
             a = -(-s.recipient_start // c) * c
             b = min((s.end // c) * c, last_chunk)
             if a < b:
                 copies.append(_Copy(a, a, b - a, rotate=False))
         else:
-            head = min(s.length, max(min_recompute, math.ceil(recompute_share * s.length)))
+            floor = 0 if s.kind == "prefix" else max(min_recompute, math.ceil(recompute_share * s.length))
+            head = min(s.length, max(s.recompute, floor))
             a, b = s.recipient_start + head, min(s.end, n - 1)
             if a < b:
-                copies.append(_Copy(a, s.donor_start + head, b - a, rotate=True))
+                copies.append(_Copy(a, s.donor_start + head, b - a, rotate=s.kind == "shifted"))
     return copies
 
 
@@ -330,16 +342,20 @@ def warm_prefill(
     spans: list[dict[str, Any]],
     *,
     decision_id: str,
-    recompute_share: float = 0.05,
-    min_recompute: int = 16,
+    recompute_share: float = 0.0,
+    min_recompute: int = 0,
     on_event: Callable[[Realization], None] | None = None,
 ) -> tuple[Prefill, Realization]:
     """Build the recipient's cache from the donor's KV over the approved ``spans`` (record
-    format: ``recipient_start``, ``donor_start``, ``length``, ``kind``), computing the rest.
+    format: ``recipient_start``, ``donor_start``, ``length``, ``kind`` and, in a
+    ``semgov.decision/v2`` record, ``recompute``), computing the rest.
 
     Prefix spans are copied as they are (in whole grid chunks); shifted spans have their leading
-    ``min(len, max(min_recompute, ceil(recompute_share * len)))`` tokens recomputed and the rest
-    copied with keys re-rotated by ``recipient_start - donor_start``; every other position, and
+    ``recompute`` tokens (the record's plan; at least ``min(len, max(min_recompute,
+    ceil(recompute_share * len)))``, a floor of the caller's, none by default) recomputed and the
+    rest copied with keys re-rotated by ``recipient_start - donor_start``; a prefix span that
+    names a ``recompute`` is treated like a shifted one of shift 0 (its head computed, the rest
+    copied as it is, outside the grid); every other position, and
     always the last, is computed by the model. Spans must be sorted by ``recipient_start``,
     non-overlapping, inside both prompts and token-identical: ``ValueError`` otherwise, before
     anything is computed (the caller then runs cold). Calls ``on_event`` with the
@@ -450,3 +466,4 @@ def compare_logits(reference: torch.Tensor, other: torch.Tensor) -> tuple[float,
     kl = (ref.exp() * (ref - oth)).sum(-1).clamp_min(0.0)
     top1 = (ref.argmax(-1) == oth.argmax(-1)).double().mean()
     return float(kl.mean()), float(top1), float(kl.max())
+

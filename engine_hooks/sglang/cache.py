@@ -549,11 +549,11 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             st.deadline = self._clock() + self.gov.settings.audit_wait_ms / 1000
 
     def _spans(self, dec: SignedDecision) -> list[Any]:
-        """What of a decision's approved spans is copied: all of it, less the leading share of
-        shifted spans the settings have recomputed (``SEMGOV_SHIFTED_RECOMPUTE_PCT``)."""
+        """What of a decision's approved spans is copied: all of it, less each span's leading tokens
+        the record plans to recompute and, of shifted spans, at least the share the settings
+        recompute (``SEMGOV_SHIFTED_RECOMPUTE_PCT``)."""
         assert self.gov is not None
-        pct = self.gov.settings.shifted_recompute_pct
-        return list(dec.approved_spans) if pct == 0 else recompute_leading(dec.approved_spans, pct / 100)
+        return recompute_leading(dec.approved_spans, self.gov.settings.shifted_recompute_pct / 100)
 
     def _regions(self, dec: SignedDecision, start: int, limit: int, donor_len: int) -> tuple[Region, ...]:
         assert self.gov is not None

@@ -136,14 +136,16 @@ def plan_regions(
     return out
 
 
-def recompute_leading(spans: Sequence[Mapping[str, Any]], share: float) -> list[dict[str, Any]]:
-    """The approved spans with the leading ``ceil(share * length)`` tokens of every *shifted* span
-    left out (recomputed by the model instead of copied), as the CPU reference engine does for
-    quality; prefix spans are unchanged. ``share`` 0 returns the spans as they are."""
+def recompute_leading(spans: Sequence[Mapping[str, Any]], share: float = 0.0) -> list[dict[str, Any]]:
+    """What of the approved spans may be copied: each span less its leading ``recompute`` tokens
+    (the decision record's plan, signed; recomputed by the model instead), and for a *shifted* span
+    at least the leading ``ceil(share * length)`` (the operator's floor,
+    ``SEMGOV_SHIFTED_RECOMPUTE_PCT``). A span without ``recompute`` (a v1 record) has none planned."""
     out: list[dict[str, Any]] = []
     for s in spans:
         rs, ds, n, kind = int(s["recipient_start"]), int(s["donor_start"]), int(s["length"]), str(s["kind"])
-        r = min(n, math.ceil(share * n)) if kind == "shifted" and share > 0 else 0
+        floor = math.ceil(share * n) if kind == "shifted" and share > 0 else 0
+        r = min(n, max(int(s.get("recompute", 0)), floor))
         if n - r > 0:
             out.append({"recipient_start": rs + r, "donor_start": ds + r, "length": n - r, "kind": kind})
     return out

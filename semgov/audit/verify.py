@@ -51,7 +51,7 @@ from semgov.audit.merkle import (
 from semgov.audit.note import Checkpoint, NoteError, open_note, unverified_checkpoint
 from semgov.audit.store import CHECKPOINTS_DIR, LOG_FILE, AuditLogError, iter_records, read_checkpoint
 from semgov.keys import key_id_for
-from semgov.models import DECISION_SCHEMA
+from semgov.models import DECISION_SCHEMAS
 
 BUNDLE_SCHEMA = "semgov.audit_proof/v1"
 _MAX_SIZE = 2**64 - 1  # tree sizes are uint64 (checkpoints, RFC 9162)
@@ -679,7 +679,7 @@ def make_bundle(directory: Path, decision_id: str) -> dict[str, Any]:
             except strictjson.StrictJSONError:
                 continue  # not a record anyone can prove (`semgov audit verify` names it)
             # NOTE: an engine event names its decision too; the bundle proves the decision record.
-            is_decision = isinstance(rec, dict) and rec.get("schema") == DECISION_SCHEMA
+            is_decision = isinstance(rec, dict) and rec.get("schema") in DECISION_SCHEMAS
             if is_decision and rec.get("decision_id") == decision_id:
                 found = (i, leaf)
     if found is None:

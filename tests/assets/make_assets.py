@@ -92,7 +92,7 @@ def engine_events() -> None:
             donor_id=allowed["donor_id"],
             materialized_tokens=allowed["approved_tokens"],
             slots=[*range(4096, 4096 + 300), *range(100, 100 + allowed["approved_tokens"] - 300)],
-            spans=allowed["approved_spans"],
+            spans=[{k: v for k, v in s.items() if k != "recompute"} for s in allowed["approved_spans"]],
             at=at,
         ),
         engine_event("reuse_disabled", engine="sglang 0.5.23", detail="audit log unavailable", at=at),

@@ -30,6 +30,9 @@ ROOT = Path(__file__).resolve().parents[2]
 STUBS = Path(__file__).resolve().parent / "stubs"
 TINY_MODEL = ROOT / "engine_hooks" / "sglang" / "tiny_model"
 DEFAULT_POLICY = ROOT / "policies" / "default"
+# NOTE: the harness's policy plans no recompute (tests place spans exactly); test_hold_back's plan
+# test serves the default policy's own quality section.
+NO_RECOMPUTE = "quality: {shifted_recompute_percent: 0, min_recompute_tokens: 0}\n"
 
 # torchvision is imported on SGLang's config path and cannot be installed on a CPU machine (pip
 # would replace the CPU torch with a CUDA build): use the import-only stub unless a real one exists.
@@ -118,7 +121,17 @@ def make_hook_files(tmp_path: Path) -> HookFiles:
     secret = b"gateway-secret-for-tests-0123456789abcdef"
     ck = tmp_path / "context.key"
     ck.write_bytes(secret)
-    return HookFiles(tmp_path, priv, trust, ck, secret, tmp_path / "audit", DEFAULT_POLICY)
+    return HookFiles(tmp_path, priv, trust, ck, secret, tmp_path / "audit", copy_policy(tmp_path))
+
+
+def copy_policy(tmp_path: Path, quality: str = NO_RECOMPUTE) -> Path:
+    """The default policy with its ``quality`` section replaced (by default: no recompute planned,
+    so a shifted span is realized whole, exactly where the tests' layouts put it)."""
+    text = (DEFAULT_POLICY / "policy.yaml").read_text()
+    d = tmp_path / "policy"
+    d.mkdir(exist_ok=True)
+    (d / "policy.yaml").write_text(text[: text.index("\nquality:")] + "\n" + quality)
+    return d
 
 
 class SyntheticModel:

@@ -141,7 +141,7 @@ def test_a_late_decision_is_audited_but_the_request_runs_cold(
     h.run(rcp)
     assert rcp.prefix_len == S_LEN and not rcp.skip_radix_cache_insert  # cold past the exact match
     recs = h.records()
-    assert [r["decision"] for r in recs if r["schema"] == "semgov.decision/v1"] == ["allow"]
+    assert [r["decision"] for r in recs if r["schema"] == "semgov.decision/v2"] == ["allow"]
     assert not any(r.get("kind") == "realization" for r in recs)
     h.finish(rcp)
     h.assert_clean()
@@ -310,7 +310,7 @@ def test_the_decision_process_decides_and_the_scheduler_process_audits(make_harn
     assert rcp.prefix_len == S_LEN + E_LEN
     h.finish(rcp)
     recs = h.records()
-    [dec] = [r for r in recs if r["schema"] == "semgov.decision/v1"]
+    [dec] = [r for r in recs if r["schema"] == "semgov.decision/v2"]
     [real] = [r for r in recs if r.get("kind") == "realization"]
     assert dec["decision"] == "allow" and real["decision_id"] == dec["decision_id"]
     h.assert_clean()
@@ -356,7 +356,7 @@ def test_the_decision_process_registers_donors_and_signs_events_not_the_schedule
     h.finish(rcp)
     recs = h.records()
     [real] = [r for r in recs if r.get("kind") == "realization"]
-    [dec] = [r for r in recs if r["schema"] == "semgov.decision/v1"]
+    [dec] = [r for r in recs if r["schema"] == "semgov.decision/v2"]
     assert real["decision_id"] == dec["decision_id"] and real["key_id"] == gov.signing_key.key_id
     assert calls == []
     h.close()
@@ -426,9 +426,20 @@ def test_a_wrapped_recipient_plans_a_region_and_caps_its_first_chunk_there(make_
     h.assert_clean()
 
 
+def test_the_policys_plan_turns_a_shifted_front_run_into_a_region(make_harness: Any, hook_files: Any) -> None:
+    """The default policy's signed plan (5%, at least 16): E's first 20 tokens computed, the rest a region."""
+    from tests.sglang_hook.conftest import DEFAULT_POLICY
+
+    hook_files.policy = DEFAULT_POLICY
+    _head_becomes_a_region(make_harness())
+
+
 def test_a_recomputed_head_turns_a_shifted_front_run_into_a_region(make_harness: Any) -> None:
-    """SEMGOV_SHIFTED_RECOMPUTE_PCT=5: E's first 20 tokens are computed, the rest is a region after them."""
-    h = make_harness(SEMGOV_SHIFTED_RECOMPUTE_PCT="5")
+    """SEMGOV_SHIFTED_RECOMPUTE_PCT=5 with no plan: E's first 20 tokens computed, the rest a region."""
+    _head_becomes_a_region(make_harness(SEMGOV_SHIFTED_RECOMPUTE_PCT="5"))
+
+
+def _head_becomes_a_region(h: Any) -> None:
     b = blocks()
     run_donor(h, b)
     rcp = new_recipient(h, b)

@@ -80,3 +80,13 @@ def test_recompute_leading_leaves_out_the_head_of_shifted_spans_only() -> None:
         _span(1401, 1301, 9),
     ]
     assert recompute_leading([_span(5, 0, 3)], 1.0) == []
+
+
+def test_recompute_leading_follows_the_records_plan_with_the_setting_as_a_floor() -> None:
+    """Each span's signed ``recompute`` head is left out; the setting only ever adds to a shifted span's."""
+    planned = [{**_span(0, 0, 256, "prefix"), "recompute": 0}, {**_span(320, 256, 1000), "recompute": 100}]
+    assert recompute_leading(planned) == [_span(0, 0, 256, "prefix"), _span(420, 356, 900)]
+    assert recompute_leading(planned, 0.05) == [_span(0, 0, 256, "prefix"), _span(420, 356, 900)]  # 50 < 100
+    assert recompute_leading(planned, 0.2) == [_span(0, 0, 256, "prefix"), _span(520, 456, 800)]  # 200 > 100
+    whole = [{**_span(320, 256, 40), "recompute": 40}, {**_span(400, 400, 64, "prefix"), "recompute": 8}]
+    assert recompute_leading(whole) == [_span(408, 408, 56, "prefix")]  # a prefix span's plan counts too

@@ -599,7 +599,7 @@ def summarize(records: list[dict[str, Any]]) -> AuditSummary:
     s = AuditSummary()
     for r in records:
         schema = r.get("schema")
-        if schema == "semgov.decision/v1":
+        if schema == "semgov.decision/v2":
             s.decisions.setdefault(str(r["request_id"]), []).append(r)
             key = f"decision:{r['decision']}"
         elif schema == "semgov.engine_event/v1":

@@ -57,6 +57,19 @@ allow_shifted := true
 
 reusable_roles := {"system", "evidence"}
 
+# quality: a shifted span's leading min(length, max(min_recompute_tokens,
+# ceil(percent * length / 100))) tokens are computed by the engine, not copied
+# (the record states the count per span). The first rule whose task id and
+# response contract id match the request (a key left out matches any) replaces
+# these defaults; its allow_shifted false forbids shifted spans in its scope.
+# A rule looks like {"task": "extract_financials", "response_contract": "financials",
+# "allow_shifted": false, "shifted_recompute_percent": 20, "min_recompute_tokens": 32}.
+shifted_recompute_percent := 5
+
+min_recompute_tokens := 16
+
+quality_rules := []
+
 # What semgov measures for this policy (span finder, PII scan). Must be a constant.
 facts_config := {
 	"min_span_tokens": min_span_tokens,
@@ -352,12 +365,38 @@ deny contains {"gate": "similarity", "detail": sprintf("similarity %v < %v", [in
 
 tokens := input.facts.tokens
 
-# Prefix spans always; shifted ones when allowed, long enough, and in reusable
-# roles on both sides.
+# --- quality: the first matching rule, else the defaults ----------------------
+
+rule_matches(r) if {
+	object.get(r, "task", input.request.task.id) == input.request.task.id
+	object.get(r, "response_contract", input.request.response_contract.id) == input.request.response_contract.id
+}
+
+matching_rules := [i | some i, r in quality_rules; rule_matches(r)]
+
+quality_rule := quality_rules[matching_rules[0]] if count(matching_rules) > 0 else := {}
+
+shifted_allowed if {
+	allow_shifted == true
+	object.get(quality_rule, "allow_shifted", true) == true
+}
+
+recompute_percent := object.get(quality_rule, "shifted_recompute_percent", shifted_recompute_percent)
+
+recompute_min := object.get(quality_rule, "min_recompute_tokens", min_recompute_tokens)
+
+recompute(s) := 0 if s.kind == "prefix"
+
+recompute(s) := min([s.length, max([recompute_min, ceil((recompute_percent * s.length) / 100)])]) if {
+	s.kind == "shifted"
+}
+
+# Prefix spans always; shifted ones when allowed (for this request's task and
+# contract), long enough, and in reusable roles on both sides.
 span_approved(s) if s.kind == "prefix"
 
 span_approved(s) if {
-	allow_shifted == true
+	shifted_allowed
 	s.length >= min_span_tokens
 	s.recipient_role in reusable_roles
 	s.donor_role in reusable_roles
@@ -371,6 +410,7 @@ approved_spans := [out |
 		"donor_start": s.donor_start,
 		"length": s.length,
 		"kind": s.kind,
+		"recompute": recompute(s),
 	}
 ]
 
