@@ -1,4 +1,4 @@
-"""The CPU reference engine: KV materialization from semgov decisions (engine_hooks.reference).
+"""The CPU reference engine: KV materialization from semgov decisions (engine_hooks.reference, blend).
 
 Unit tests run on a tiny seeded random Llama with the real SmolLM2 tokenizer; the tests marked
 ``model`` run on the real SmolLM2-135M-Instruct (converted from its GGUF on first use and
@@ -19,6 +19,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from engine_hooks.reference import blend
 from engine_hooks.reference import materialize as mz
 from engine_hooks.reference import model as mm
 from engine_hooks.reference.model import LoadedModel, load_smollm2, tiny_llama
@@ -473,3 +474,62 @@ def test_real_model_prefix_bitwise_and_shifted_within_bounds(smollm2: LoadedMode
     kl_naive, _, _ = mz.compare_logits(ref, mz.teacher_forced_logits(lm, naive, answer))
     assert kl < MODEL_SHIFTED_KL and top1 >= MODEL_SHIFTED_TOP1, (kl, top1, kl_naive)
     assert 2 * kl < kl_naive, (kl, kl_naive)
+
+
+# ---- selective recompute (engine_hooks.reference.blend) -------------------------------------
+
+
+def _blend_planned(prompts: dict[str, list[int]], head: int) -> list[dict[str, Any]]:
+    spans = shifted_spans(prompts)
+    return [{**spans[0], "recompute": 0}, {**spans[1], "recompute": head}]
+
+
+def test_selective_recompute_of_every_token_is_a_cold_prefill(
+    lm: LoadedModel, prompts: dict[str, list[int]], donor: mz.DonorKV
+) -> None:
+    """Selective, recompute = the whole shifted span: cold's logits and cache, to float order."""
+    ids = prompts["shifted"]
+    cold = mz.cold_prefill(lm, ids)
+    d = len(prompts["d"])
+    pre, ev = blend.blend_prefill(lm, ids, donor, _blend_planned(prompts, d), decision_id="b")
+    assert ev.materialized_tokens == shifted_spans(prompts)[0]["length"]  # only the exact prefix is copied
+    assert torch.allclose(pre.logits_last, cold.logits_last, atol=1e-4, rtol=0)
+    for x, y in zip(pre.cache.layers, cold.cache.layers, strict=True):
+        assert torch.allclose(x.keys, y.keys, atol=1e-4, rtol=0)
+        assert torch.allclose(x.values, y.values, atol=1e-4, rtol=0)
+
+
+def test_selective_recompute_computes_the_planned_count_and_copies_the_rest(
+    lm: LoadedModel, prompts: dict[str, list[int]], donor: mz.DonorKV
+) -> None:
+    """Selective: the planned count of span tokens computed (chosen by deviation), the rest copied as is."""
+    ids = prompts["shifted"]
+    spans = shifted_spans(prompts)
+    p, d = spans[0]["length"], len(prompts["d"])
+    rs, ds = spans[1]["recipient_start"], spans[1]["donor_start"]
+    pre, ev = blend.blend_prefill(lm, ids, donor, _blend_planned(prompts, 40), decision_id="b")
+    assert ev.materialized_tokens == p + d - 40 and ev.recomputed_tokens == 40
+    assert pre.computed_tokens == ev.prefilled_tokens == len(ids) - ev.materialized_tokens
+    inv = mz.rotation(lm)
+    kept = 0
+    for pos in range(d):  # NOTE: a copied position holds exactly the donor's re-rotated K/V
+        got = pre.cache.layers[-1].keys[0, :, rs + pos]
+        want = mz.rerotate_keys(donor.keys[-1][:, ds + pos : ds + pos + 1], rs - ds, inv)[:, 0]
+        kept += bool(torch.equal(got, want))
+    assert kept == d - 40
+    none, ev0 = blend.blend_prefill(lm, ids, donor, _blend_planned(prompts, 0), decision_id="b")
+    lead, _ = mz.warm_prefill(lm, ids, donor, _blend_planned(prompts, 0), decision_id="b")
+    assert ev0.recomputed_tokens == 0 and torch.allclose(none.logits_last, lead.logits_last, atol=1e-4)
+
+
+def test_selective_recompute_checks_spans_as_a_leading_one_does(
+    lm: LoadedModel, prompts: dict[str, list[int]], donor: mz.DonorKV
+) -> None:
+    """Selective: a span whose tokens differ, or a plan beyond its span, is refused before anything runs."""
+    ids = prompts["shifted"]
+    bad = _blend_planned(prompts, 0)
+    bad[1] = {**bad[1], "donor_start": bad[1]["donor_start"] + 1}
+    with pytest.raises(ValueError, match="tokens differ"):
+        blend.blend_prefill(lm, ids, donor, bad, decision_id="b")
+    with pytest.raises(ValueError, match="recompute"):
+        blend.blend_prefill(lm, ids, donor, _blend_planned(prompts, len(prompts["d"]) + 1), decision_id="b")

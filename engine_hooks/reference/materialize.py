@@ -467,3 +467,14 @@ def compare_logits(reference: torch.Tensor, other: torch.Tensor) -> tuple[float,
     top1 = (ref.argmax(-1) == oth.argmax(-1)).double().mean()
     return float(kl.mean()), float(top1), float(kl.max())
 
+
+def validate_spans(
+    lm: LoadedModel, token_ids: Sequence[int], donor: DonorKV, spans: Sequence[Any]
+) -> list[_Span]:
+    """The approved spans checked as :func:`warm_prefill` checks them (``ValueError`` otherwise)."""
+    return _validate(lm, token_ids, donor, spans)
+
+
+def rotation(lm: LoadedModel) -> torch.Tensor:
+    """The model's RoPE ``inv_freq``, refusing length-dependent RoPE (``ValueError``)."""
+    return _rotation(lm)
