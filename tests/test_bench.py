@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from engine_hooks.reference.bench import summary, wilson
 from engine_hooks.reference.bench_workload import (
     COHORTS,
     BenchKeys,
@@ -105,6 +106,30 @@ def test_bench_writes_report_and_plots(bench_out: tuple[Path, int, dict[str, Any
     for name in ("ttft_by_cohort.png", "quality_by_arm.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert name in results["plots"]
+
+
+def test_regressions_carry_their_interval_in_results_report_and_summary(
+    bench_out: tuple[Path, int, dict[str, Any]],
+) -> None:
+    """Each cohort's regression count has its 95% Wilson interval in results.json, report and summary."""
+    out, _, results = bench_out
+    for arm in ARMS:
+        s = results["arms"][arm]
+        assert s["quality_regression_ci95"] == list(wilson(s["quality_regressions"], s["pairs"]))
+        for c in s["cohorts"].values():
+            lo, hi = c["quality_regression_ci95"]
+            assert 0 <= lo <= c["quality_regressions"] / c["n"] <= hi <= 1
+    report = (out / "report.md").read_text()
+    assert "| cohort | n | cold states the values | exact_only | similarity_only | governed |" in report
+    text = summary(results)
+    assert "quality regressions, 95% interval: similarity / governed" in text and "model limit: " in text
+
+
+def test_wilson_interval_is_the_textbook_one() -> None:
+    """Wilson 95%: 0 of 30 is at most 11.4%, 3 of 10 is 10.8-60.3%; n = 0 says nothing (0-100%)."""
+    assert [round(x, 3) for x in wilson(0, 30)] == [0.0, 0.114]
+    assert [round(x, 3) for x in wilson(3, 10)] == [0.108, 0.603]
+    assert wilson(0, 0) == (0.0, 1.0) and wilson(5, 5)[1] == 1.0
 
 
 def test_bench_help(capsys: pytest.CaptureFixture[str]) -> None:

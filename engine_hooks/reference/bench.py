@@ -566,6 +566,20 @@ def classify(rows: list[Json], floor: Json) -> None:
             a["unsafe_materialization"] = row["expect"] == "deny" and a["materialized_tokens"] > 0
 
 
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval (95% by default) of a rate of ``k`` in ``n``; (0, 1) for n = 0.
+
+    NOTE: unlike the normal approximation it stays inside [0, 1] and is not empty at k = 0: 0
+    regressions in 30 pairs is a rate of at most 11.4%, not "none".
+    """
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def _cohort_stats(rows: list[Json], arm: str) -> Json:
     arms = [r["arms"][arm] for r in rows]
     ratios = [a["ttft_ratio"] for a in arms if a["ttft_ratio"] is not None]
@@ -582,7 +596,8 @@ def _cohort_stats(rows: list[Json], arm: str) -> Json:
         "prefill_tokens_avoided": sum(a["prefill_tokens_avoided"] for a in arms),
         "recipient_tokens": sum(r["recipient_tokens"] for r in rows),
         "unsafe_materializations": sum(1 for a in arms if a["unsafe_materialization"]),
-        "quality_regressions": sum(1 for a in arms if a["quality_regression"]),
+        "quality_regressions": (bad := sum(1 for a in arms if a["quality_regression"])),
+        "quality_regression_ci95": wilson(bad, len(rows)),
         "values_lost": sum(1 for a in arms if a["values_lost"]),
         "greedy_agree": sum(1 for a in arms if a["greedy_agree"]),
         "top1_agree": sum(1 for a in arms if a["top1_agree"]),
@@ -604,7 +619,8 @@ def summarize(rows: list[Json], cohorts: Sequence[str]) -> Json:
         out[arm] = {
             "pairs": len(rows),
             "unsafe_materializations": sum(1 for a in arms if a["unsafe_materialization"]),
-            "quality_regressions": sum(1 for a in arms if a["quality_regression"]),
+            "quality_regressions": (bad := sum(1 for a in arms if a["quality_regression"])),
+            "quality_regression_ci95": wilson(bad, len(rows)),
             "values_lost": sum(1 for a in arms if a["values_lost"]),
             "greedy_agree": sum(1 for a in arms if a["greedy_agree"]),
             "materialized_tokens": sum(a["materialized_tokens"] for a in arms),
@@ -742,6 +758,11 @@ def run_bench(
     return results
 
 
+def _rate(c: Json) -> str:
+    lo, hi = c["quality_regression_ci95"]
+    return f"{c['quality_regressions']}/{c['n']} [{100 * lo:.0f}-{100 * hi:.0f}%]"
+
+
 def summary(results: Json) -> str:
     """A plain-text digest of ``results`` for the terminal (the report has everything)."""
     arms = results["arms"]
@@ -760,6 +781,16 @@ def summary(results: Json) -> str:
             "-" if (r := arms[a]["cohorts"][c]["median_ttft_ratio"]) is None else f"{r:.2f}" for a in ARMS
         )
         lines.append(f"{c:<14}{g['expect']:>7}{g['n']:>4}  {cells}")
+    lines.append("")
+    lines.append(f"{'cohort':<14}{'n':>4}  quality regressions, 95% interval: similarity / governed")
+    for c, g in arms["governed"]["cohorts"].items():
+        cells = " / ".join(_rate(arms[a]["cohorts"][c]) for a in ("similarity_only", "governed"))
+        lines.append(f"{c:<14}{g['n']:>4}  {cells}")
+    cold_ok = sum(g["values_present_cold"] for g in arms["governed"]["cohorts"].values())
+    lines.append(
+        f"model limit: {cold_ok} of {arms['governed']['pairs']} cold answers state every required value "
+        "(a lost value can only be counted where cold stated it)"
+    )
     pm, ov = results["prefix_measurement"], results["governance_overhead"]
     lines.append("")
     lines.append(

@@ -145,6 +145,23 @@ def _quality_table(results: Json) -> list[str]:
     return out
 
 
+def _regression_table(results: Json) -> list[str]:
+    arms = results["arms"]
+    out = [
+        "| cohort | n | cold states the values | " + " | ".join(ARMS) + " |",
+        "|---|---:|---:|---|---|---|",
+    ]
+    for c in _cohorts(results):
+        cells = []
+        for a in ARMS:
+            x = arms[a]["cohorts"][c]
+            lo, hi = x.get("quality_regression_ci95", (0.0, 1.0))
+            cells.append(f"{x['quality_regressions']} [{100 * lo:.0f}-{100 * hi:.0f}%]")
+        g = arms["governed"]["cohorts"][c]
+        out.append(f"| {c} | {g['n']} | {g['values_present_cold']} | " + " | ".join(cells) + " |")
+    return out
+
+
 def _pairs_table(results: Json) -> list[str]:
     out = [
         "| pair | expect | tokens | lcp | arm | action | materialized | computed | TTFT cold ms "
@@ -220,6 +237,12 @@ def report(results: Json) -> str:
         "KL(cold || warm) of the first token in nats, each of n pairs.",
         "",
         *_quality_table(results),
+        "",
+        "Quality regressions per cohort and arm with their 95% Wilson interval (0 of n still allows a "
+        "rate up to the interval's top), and how many cold answers state every required value at all "
+        "(the model's limit: a lost value is only counted where cold stated it).",
+        "",
+        *_regression_table(results),
         "",
         f"## Prefix reuse of a {pm['prompt_tokens']}-token prompt",
         "",
