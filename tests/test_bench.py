@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from engine_hooks.reference.bench import summary, wilson
+from engine_hooks.reference.bench import summary
 from engine_hooks.reference.bench_workload import (
     COHORTS,
     BenchKeys,
@@ -24,6 +24,7 @@ from engine_hooks.reference.bench_workload import (
     value_present,
 )
 from semgov import Evaluator
+from semgov._internal.stats import wilson
 from semgov.cli.main import main
 from tests.conftest import DEFAULT_POLICY_DIR
 

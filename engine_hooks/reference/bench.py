@@ -54,6 +54,7 @@ from engine_hooks.reference.bench_workload import (
     value_present,
 )
 from semgov import CapturedRequest, Evaluator, load_policy
+from semgov._internal.stats import wilson
 from semgov.audit.store import AuditLog
 from semgov.facts import FactContext, PreparedPrompt, compute_facts
 from semgov.policy_input import SpanFacts
@@ -564,20 +565,6 @@ def classify(rows: list[Json], floor: Json) -> None:
             a["diverged_beyond_floor"] = div is not None and (limit is None or div < limit)
             a["quality_regression"] = bool(lost) or a["diverged_beyond_floor"]
             a["unsafe_materialization"] = row["expect"] == "deny" and a["materialized_tokens"] > 0
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval (95% by default) of a rate of ``k`` in ``n``; (0, 1) for n = 0.
-
-    NOTE: unlike the normal approximation it stays inside [0, 1] and is not empty at k = 0: 0
-    regressions in 30 pairs is a rate of at most 11.4%, not "none".
-    """
-    if n == 0:
-        return 0.0, 1.0
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def _cohort_stats(rows: list[Json], arm: str) -> Json:

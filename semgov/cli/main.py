@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from semgov import __version__
 from semgov._internal import log
-from semgov.cli import audit, bench, check, keys, policy, schema, verify
+from semgov.cli import audit, bench, calibrate, check, keys, policy, schema, verify
 from semgov.errors import SemgovError
 
 EPILOG = """\
@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.register(sub)
     schema.register(sub)
     bench.register(sub)
+    calibrate.register(sub)
     return p
 
 

@@ -1,0 +1,129 @@
+"""``semgov calibrate`` on the CPU reference engine: paired cold/warm runs of sampled captured traffic.
+
+For each sampled request with an allowed candidate, the donor's KV comes from a cold prefill of the
+candidate's prompt, the recipient is prefilled cold and then warm as the decision approves, and the
+greedy answers are compared: a warm answer regresses when it differs from cold before any cold/cold
+rerun did (the floor, measured on the first requests). Shifted decisions are run warm once per
+recompute percent tried (each shifted span's head recomputed as the policy's quality plan would
+say at that percent); prefix-only decisions once, as approved. The trials go to
+:mod:`semgov.calibration`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from engine_hooks.reference import materialize as mz
+from engine_hooks.reference.bench import first_divergence, load_model
+from semgov import CapturedRequest, Evaluator, Keyring
+from semgov.calibration import Trial
+from semgov.capture import read_captured
+from semgov.keys import SigningKey
+from semgov.policy import Policy, QualityPlan
+
+
+@dataclass(frozen=True)
+class _Case:
+    request: CapturedRequest
+    candidate: int
+    record: dict[str, Any]
+    kind: str
+
+
+def _cases(path: Path, ev: Evaluator, per_scope: int, seed: int) -> tuple[list[_Case], int]:
+    """Allowed (request, candidate) pairs, at most ``per_scope`` per scope and kind, seeded."""
+    found: dict[tuple[str, str, str], list[_Case]] = {}
+    n = 0
+    for item in read_captured(path):
+        if not isinstance(item, CapturedRequest):
+            continue
+        n += 1
+        for i, d in enumerate(ev.evaluate(item)):
+            if d.decision != "allow":
+                continue
+            kind = "shifted" if any(s["kind"] == "shifted" for s in d.approved_spans) else "prefix"
+            key = (item.task.id, item.response_contract.id, kind)
+            found.setdefault(key, []).append(_Case(item, i, d.record, kind))
+    rng = random.Random(seed)
+    out: list[_Case] = []
+    for key in sorted(found):
+        pool = found[key]
+        out += rng.sample(pool, min(per_scope, len(pool)))
+    return out, n
+
+
+def _planned(record: dict[str, Any], plan: QualityPlan) -> list[dict[str, Any]]:
+    return [{**s, "recompute": plan.recompute(s["kind"], s["length"])} for s in record["approved_spans"]]
+
+
+def run_calibration(
+    captured: Path,
+    policy: Policy,
+    keyring: Keyring,
+    *,
+    model: str = "smollm2",
+    per_scope: int = 10,
+    percents: Sequence[int] = (5, 20, 40),
+    max_new_tokens: int = 16,
+    floor_runs: int = 3,
+    seed: int = 7,
+    threads: int = 1,
+    log: Callable[[str], None] = print,
+) -> tuple[list[Trial], dict[str, Any]]:
+    """Trials for every sampled case and percent, and what was run (for ``calibration.json``)."""
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    ev = Evaluator(policy, keyring, SigningKey.from_private(Ed25519PrivateKey.generate()))
+    cases, requests = _cases(captured, ev, per_scope, seed)
+    log(
+        f"{requests} requests read, {len(cases)} allowed candidates sampled "
+        f"(at most {per_scope} per scope and kind)"
+    )
+    lm = load_model(model, seed=seed)
+    runs: list[tuple[_Case, int, int | None]] = []  # (case, percent, first divergence)
+    floor: list[int | None] = []
+    for i, case in enumerate(cases):
+        req = case.request
+        ids = req.prompt.token_ids.tolist()
+        donor = mz.donor_kv(lm, req.candidates[case.candidate].prompt.token_ids.tolist())
+        cold = mz.cold_prefill(lm, ids)
+        answer = mz.greedy(lm, cold, max_new_tokens)
+        if i < floor_runs:
+            floor.append(first_divergence(answer, mz.greedy(lm, mz.cold_prefill(lm, ids), max_new_tokens)))
+        scope_plan = policy.quality_plan(req.task.id, req.response_contract.id)
+        tried = sorted(percents) if case.kind == "shifted" else [scope_plan.percent]
+        for p in tried:
+            plan = QualityPlan(True, p, scope_plan.min_tokens, None)
+            warm, _ = mz.warm_prefill(lm, ids, donor, _planned(case.record, plan), decision_id="calibrate")
+            runs.append((case, p, first_divergence(answer, mz.greedy(lm, warm, max_new_tokens))))
+        log(f"[{i + 1}/{len(cases)}] {req.request_id} {case.kind} {req.task.id}/{req.response_contract.id}")
+    divergent = [d for d in floor if d is not None]
+    limit = min(divergent) if divergent else None
+    trials = [
+        Trial(
+            task=c.request.task.id,
+            contract=c.request.response_contract.id,
+            kind="shifted" if c.kind == "shifted" else "prefix",
+            percent=p,
+            regressed=d is not None and (limit is None or d < limit),
+        )
+        for c, p, d in runs
+    ]
+    meta = {
+        "captured": str(captured),
+        "requests": requests,
+        "sampled": len(cases),
+        "model": lm.name,
+        "max_new_tokens": max_new_tokens,
+        "floor": {"runs": len(floor), "first_divergence": limit},
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    return trials, meta
