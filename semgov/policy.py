@@ -187,7 +187,7 @@ class QualitySection(_Section):
     tokens are computed by the engine and only the rest is copied. The decision record states the
     count per span, signed. The first rule matching the request applies instead of the defaults."""
 
-    shifted_recompute_percent: int = Field(default=5, ge=0, le=100)
+    shifted_recompute_percent: int = Field(default=20, ge=0, le=100)
     min_recompute_tokens: int = Field(default=16, ge=0)
     rules: list[QualityRule] = Field(default_factory=list)
 

@@ -115,6 +115,20 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return out, cap
 
 
+def test_calibrate_says_what_it_wrote(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The last line names the policy file and calibration.json where they are; the table heads the output."""
+    cap = _small_capture(tmp_path, 40)
+    out = tmp_path / "o"
+    args = ["calibrate", str(cap), "--policy", str(DEFAULT_POLICY_DIR), "--trust", str(EX / "keyring.json")]
+    assert main([*args, "--out", str(out), "--model", "tiny", "--sample", "1", "--percents", "20"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert (
+        lines[0].startswith("task ")
+        and lines[-1] == f"wrote {out / 'yaml' / 'policy.yaml'} and {out / 'calibration.json'}"
+    )
+    assert (out / "yaml" / "policy.yaml").is_file() and not (out / "rego").exists()
+
+
 def test_calibrate_writes_policies_that_policy_check_accepts(calibrated: tuple[Path, Path]) -> None:
     """The command writes yaml/ and rego/ policies (policy check exits 0) and calibration.json's counts."""
     out, _ = calibrated

@@ -44,11 +44,14 @@ def _policy(quality: dict[str, Any]) -> Policy:
 
 
 def test_default_policy_recomputes_five_percent_at_least_sixteen_tokens() -> None:
-    """The shipped default plans 5% of each shifted span (at least 16 tokens), for every task."""
+    """The shipped default plans 20% of each shifted span (at least 16 tokens), for every task."""
     p = load_policy(DEFAULT_POLICY_DIR)
     plan = p.quality_plan("anything", "at-all")
-    assert plan == QualityPlan(allow_shifted=True, percent=5, min_tokens=16, rule=None)
-    assert [plan.recompute("shifted", n) for n in (8, 100, 320, 1000)] == [8, 16, 16, 50]
+    assert plan == QualityPlan(allow_shifted=True, percent=20, min_tokens=16, rule=None)
+    assert [plan.recompute("shifted", n) for n in (8, 50, 320, 1000)] == [8, 16, 64, 200]
+    assert (
+        parse_policy(b"name: p\nversion: '1'\n", "x").quality_plan("a", "b") == plan
+    )  # the model's default too
     assert plan.recompute("prefix", 1000) == 0
 
 

@@ -44,7 +44,7 @@ def test_exact_repeat_is_allowed_with_prefix_spans(evaluator: Evaluator, keys: K
 
 def test_shifted_repeat_approves_only_evidence(evaluator: Evaluator, keys: Keys) -> None:
     """A new leading wrapper shifts evidence; only evidence (not the question) is approved, as shifted, with
-    the default quality plan (16 of its 300 leading tokens recomputed, none of the prefix's)."""
+    the default quality plan (60 of its 300 leading tokens recomputed, none of the prefix's)."""
     recipient = segs(
         ("system", SYSTEM),
         ("instruction", list(range(300, 345))),
@@ -66,7 +66,7 @@ def test_shifted_repeat_approves_only_evidence(evaluator: Evaluator, keys: Keys)
         "donor_start": 50,
         "length": 300,
         "kind": "shifted",
-        "recompute": 16,
+        "recompute": 60,
     }
     assert rec["approved_tokens"] == 320 and rec["schema"] == "semgov.decision/v2"
 

@@ -63,7 +63,8 @@ Json = dict[str, Any]
 ARMS = ("exact_only", "similarity_only", "governed")
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_POLICY = ROOT / "policies" / "default"
-# How the ungoverned arms realize shifted spans; the governed arm follows its record's plan.
+# How the ungoverned arms realize shifted spans (fixed, so figures stay comparable across policy
+# changes); the governed arm follows its record's plan.
 UNGOVERNED_RECOMPUTE: dict[str, Any] = {"recompute_share": 0.05, "min_recompute": 16}
 
 
@@ -272,8 +273,8 @@ class Bench:
         repeats: int | None = None,
     ) -> _Timed:
         def run(sink: Callable[[mz.Realization], None]) -> mz.Prefill:
-            # NOTE: the ungoverned arms recompute shifted spans as the default policy plans (5%, at
-            # least 16 tokens): the comparison is with similarity admission, not with no recompute.
+            # NOTE: the ungoverned arms recompute 5% of shifted spans (at least 16 tokens), what the
+            # reference engine did before the policy planned it: similarity admission, not no recompute.
             return mz.warm_prefill(
                 self.lm, ids, donor, spans, decision_id=decision_id, on_event=sink, **UNGOVERNED_RECOMPUTE
             )[0]

@@ -75,7 +75,7 @@ class HookSettings:
     shifted_recompute_pct: int = 0
     """At least this percent of every shifted span's leading tokens is recomputed instead of copied,
     on top of what the decision record plans (the policy's ``quality`` section; the default policy
-    plans 5%, at least 16 tokens); those spans are then realized as regions."""
+    plans 20%, at least 16 tokens); those spans are then realized as regions."""
     audit_keyring: Path | None = None
     """Audit keyring (docs/formats.md) of other keys whose seals and checkpoints the audit log may end in:
     after rotating ``SEMGOV_SIGNING_KEY``, the previous key (docs/operations.md)."""

@@ -427,11 +427,11 @@ def test_a_wrapped_recipient_plans_a_region_and_caps_its_first_chunk_there(make_
 
 
 def test_the_policys_plan_turns_a_shifted_front_run_into_a_region(make_harness: Any, hook_files: Any) -> None:
-    """The default policy's signed plan (5%, at least 16): E's first 20 tokens computed, the rest a region."""
+    """The default policy's signed plan (20%, at least 16): E's first 80 computed, the rest a region."""
     from tests.sglang_hook.conftest import DEFAULT_POLICY
 
     hook_files.policy = DEFAULT_POLICY
-    _head_becomes_a_region(make_harness())
+    _head_becomes_a_region(make_harness(), percent=20)
 
 
 def test_a_recomputed_head_turns_a_shifted_front_run_into_a_region(make_harness: Any) -> None:
@@ -439,7 +439,7 @@ def test_a_recomputed_head_turns_a_shifted_front_run_into_a_region(make_harness:
     _head_becomes_a_region(make_harness(SEMGOV_SHIFTED_RECOMPUTE_PCT="5"))
 
 
-def _head_becomes_a_region(h: Any) -> None:
+def _head_becomes_a_region(h: Any, percent: int = 5) -> None:
     b = blocks()
     run_donor(h, b)
     rcp = new_recipient(h, b)
@@ -448,7 +448,7 @@ def _head_becomes_a_region(h: Any) -> None:
     assert st is not None and st.chosen is not None
     assert rcp.host_hit_length == 0  # nothing copied at the exact-match end any more
     [region] = st.regions
-    head = -(-E_LEN * 5 // 100)
+    head = -(-E_LEN * percent // 100)
     assert (region.start, region.length) == (S_LEN + head, E_LEN - head)
     assert h.tree.chunk_cap(rcp, False) == head
     assert st.chosen.record["approved_tokens"] >= E_LEN  # the signed decision itself is unchanged

@@ -64,7 +64,7 @@ reusable_roles := {"system", "evidence"}
 # these defaults; its allow_shifted false forbids shifted spans in its scope.
 # A rule looks like {"task": "extract_financials", "response_contract": "financials",
 # "allow_shifted": false, "shifted_recompute_percent": 20, "min_recompute_tokens": 32}.
-shifted_recompute_percent := 5
+shifted_recompute_percent := 20
 
 min_recompute_tokens := 16
 
