@@ -20,7 +20,7 @@ import pytest
 
 from tests.sglang_server import scenarios
 from tests.sglang_server.conftest import assert_healthy
-from tests.sglang_server.rig import Server
+from tests.sglang_server.rig import Server, pair_prompts, read_audit, settle, summarize
 
 
 @pytest.fixture(params=["page1-overlap", "page16-no-overlap"])
@@ -42,6 +42,32 @@ def test_concurrency_mixes_recipients_donors_and_plain_traffic(server: Server) -
     out = scenarios.concurrency(server, f"q{server.config.page_size}")
     assert not out.problems, out.problems
     assert out.realizations == 10
+    assert_healthy(server)
+
+
+def test_a_signed_per_task_plan_is_honoured_by_the_server(server: Server) -> None:
+    """A quality rule for one task plans 25% of E recomputed: that head is prefilled, only the rest copied."""
+    gw = server.gateway
+    task = {"id": "quality-plan-check", "version": "1"}
+    p = pair_prompts(f"plan-{server.config.page_size}", e_len=1024)
+    ns = f"ns-plan-{server.config.page_size}"
+    donor = server.generate(
+        p.donor, rid=f"plan-donor-{ns}", extra_key=gw.token("acme", ns, p.donor_segs, task=task)
+    )
+    settle(server)
+    rid = f"plan-warm-{ns}"
+    warm = server.generate(p.recipient, rid=rid, extra_key=gw.token("acme", ns, p.recipient_segs, task=task))
+    assert donor.ok and warm.ok, (donor.error, warm.error)
+    audit = summarize(read_audit(server.files.audit_dir, wait_s=20))
+    [decision] = [d for d in audit.decisions[rid] if d["decision"] == "allow"]
+    [span] = [s for s in decision["approved_spans"] if s["kind"] == "shifted"]
+    assert (span["recipient_start"], span["length"], span["recompute"]) == (p.evidence_start, 1024, 256)
+    head = (
+        -(-(p.evidence_start + 256) // server.config.page_size) * server.config.page_size - p.evidence_start
+    )
+    assert audit.realized.get(rid) == 1024 - head  # NOTE: the copy starts after the head, on a page
+    [event] = [e for e in audit.realizations if e["request_id"] == rid]
+    assert min(s["recipient_start"] for s in event["spans"]) == p.evidence_start + head
     assert_healthy(server)
 
 
