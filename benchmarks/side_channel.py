@@ -359,7 +359,7 @@ def core_staged_probe(ev: Evaluator, reqs: dict[int, list[CapturedRequest]], tim
         results = ev.decide_all(docs)
         t2 = time.perf_counter_ns()
         for doc, r in zip(docs, results, strict=True):
-            ev._record(req, doc, r, clock)
+            ev._record(req, doc, r)
         t3 = time.perf_counter_ns()
         return {
             "facts w/o tokens": t1 - t0 - timer.ns,

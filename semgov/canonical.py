@@ -83,3 +83,29 @@ def canonicalize_record(record: dict[str, object]) -> bytes:
         return _encode(record).encode("utf-8")
     except (UnicodeEncodeError, ValueError):
         return canonicalize(record)
+
+
+def with_member(canonical: bytes, obj: dict[str, object], key: str, value: str) -> bytes:
+    """Canonical bytes of ``{**obj, key: value}``, given ``canonical``, the canonical bytes of ``obj``
+    (``key`` not in it): the member is spliced in where RFC 8785's key order puts it, so a record is
+    canonicalized once to be signed and its signed form costs no second encoding.
+
+    NOTE: a JSON string never holds ``,"`` (its quotes are escaped), so ``,"k":`` occurs only where a
+    member named ``k`` starts; when the top-level key after ``key`` also names a nested member (the
+    marker occurs twice) or a key is not ASCII (sort orders could differ), the whole value is
+    canonicalized instead. A test checks the result against the reference.
+    """
+    if key in obj or not key.isascii() or not all(type(k) is str and k.isascii() for k in obj):
+        return canonicalize({**obj, key: value})
+    member = canonicalize(key) + b":" + canonicalize(value)
+    later = [k for k in obj if k > key]
+    if not later:
+        return canonical[:-1] + (b"," if obj else b"") + member + b"}"
+    nxt = min(later)
+    if nxt == min(obj):
+        return b"{" + member + b"," + canonical[1:]
+    marker = b"," + canonicalize(nxt) + b":"
+    at = canonical.find(marker)
+    if at < 0 or canonical.find(marker, at + 1) >= 0:
+        return canonicalize({**obj, key: value})
+    return canonical[:at] + b"," + member + canonical[at:]

@@ -21,7 +21,6 @@ from semgov._internal.deadline import Clock, Deadline, DeadlineExceeded
 from semgov._internal.log import get_logger
 from semgov._internal.pii import PiiScanner
 from semgov._internal.timefmt import rfc3339
-from semgov.canonical import canonicalize_record
 from semgov.capture import MalformedLine
 from semgov.engine import ApprovedSpan, EngineResult, GateOutcome, PolicyEngine, PolicySource
 from semgov.facts import FactContext, PreparedPrompt, compute_facts, verify_ahead
@@ -29,7 +28,7 @@ from semgov.keys import Keyring, SigningKey
 from semgov.limits import LimitError, Limits, resolve
 from semgov.models import DECISION_SCHEMA, GATES, Candidate, CapturedRequest, Prompt, Provenance
 from semgov.policy_input import PolicyInput, SpanFacts
-from semgov.records import sign_record
+from semgov.records import sign_record_canonical
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,7 +329,7 @@ class Evaluator:
             out.append(None)
             docs.append(doc)
         results = self.decide_all(docs, deadline)
-        decided = iter([self._record(req, doc, r, clock) for doc, r in zip(docs, results, strict=True)])
+        decided = iter([self._record(req, doc, r) for doc, r in zip(docs, results, strict=True)])
         return [d if d is not None else next(decided) for d in out]
 
     def _facts(
@@ -370,7 +369,7 @@ class Evaluator:
             donor_id,
             result,
             recipient_tokens=len(req.prompt.token_ids),
-            now=now,
+            evaluated_at=rfc3339(now),
         )
 
     def deny_malformed(self, bad: MalformedLine, now: datetime) -> list[SignedDecision]:
@@ -379,13 +378,19 @@ class Evaluator:
             return []
         result = _engine_failure(f"malformed request (line {bad.line}): {bad.reason}")
         return [
-            self._sign(bad.request_id, bad.tenant, bad.namespace, donor, result, recipient_tokens=0, now=now)
+            self._sign(
+                bad.request_id,
+                bad.tenant,
+                bad.namespace,
+                donor,
+                result,
+                recipient_tokens=0,
+                evaluated_at=rfc3339(now),
+            )
             for donor in bad.donor_ids
         ]
 
-    def _record(
-        self, req: CapturedRequest, doc: PolicyInput, result: EngineResult, now: datetime
-    ) -> SignedDecision:
+    def _record(self, req: CapturedRequest, doc: PolicyInput, result: EngineResult) -> SignedDecision:
         return self._sign(
             req.request_id,
             req.tenant,
@@ -393,7 +398,7 @@ class Evaluator:
             doc.candidate.donor_id,
             result,
             recipient_tokens=doc.request.prompt_tokens,
-            now=now,
+            evaluated_at=doc.now,  # NOTE: rfc3339 of the same clock, formatted once for the document
         )
 
     def _sign(
@@ -405,7 +410,7 @@ class Evaluator:
         result: EngineResult,
         *,
         recipient_tokens: int,
-        now: datetime,
+        evaluated_at: str,
     ) -> SignedDecision:
         allow = all(g.result == "pass" for g in result.gates) and bool(result.approved_spans)
         spans: list[ApprovedSpan] = result.approved_spans if allow else []
@@ -431,7 +436,6 @@ class Evaluator:
             "approved_tokens": sum(s.length for s in spans),
             "recipient_tokens": recipient_tokens,
             "policy": self._policy_ref,
-            "evaluated_at": rfc3339(now),
+            "evaluated_at": evaluated_at,
         }
-        record = sign_record(unsigned, self.signing_key)
-        return SignedDecision(record, canonicalize_record(record))
+        return SignedDecision(*sign_record_canonical(unsigned, self.signing_key))

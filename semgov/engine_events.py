@@ -20,11 +20,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import ValidationError
 
 from semgov._internal.timefmt import rfc3339
-from semgov.canonical import canonicalize, canonicalize_record
+from semgov.canonical import canonicalize
 from semgov.errors import InputError, SignatureError
 from semgov.keys import SigningKey, key_id_for, verify_signature
 from semgov.models import ENGINE_EVENT_SCHEMA, EngineEvent
-from semgov.records import sign_record
+from semgov.records import sign_record_canonical
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,12 +144,12 @@ def sign_engine_event(unsigned: dict[str, Any], key: SigningKey) -> SignedEvent:
     Raises :class:`InputError` when ``unsigned`` is not a valid engine event (the input is not
     modified).
     """
-    record = sign_record(unsigned, key)
+    record, canonical = sign_record_canonical(unsigned, key)
     try:
         EngineEvent.model_validate(record)
     except ValidationError as e:
         raise _invalid(e, "engine event") from e
-    return SignedEvent(record, canonicalize_record(record))
+    return SignedEvent(record, canonical)
 
 
 def verify_engine_event(record: dict[str, Any], public_key: Ed25519PublicKey) -> EngineEvent:

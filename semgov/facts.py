@@ -12,10 +12,10 @@ import array as pyarray
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -59,6 +59,9 @@ from semgov.policy_input import (
     SpanFacts,
     TokenFacts,
 )
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,53 +138,63 @@ class DonorDigest:
         return found
 
 
-class _DonorDigests:
-    """Donor digests by prompt object, so a donor decided many times is prepared once.
+class _ByIdentity(Generic[K, V]):
+    """Values computed from a frozen model, by the model object, so one used many times is
+    computed once.
 
     NOTE: keyed by identity, confirmed by a weak reference (a recycled ``id`` never hits), and
-    sound because prompts are frozen models whose lists nothing in semgov changes after
-    validation. A prompt parsed anew (``semgov check``) is simply prepared anew. Thread-safe: an
+    sound because the models are frozen and nothing in semgov changes their lists or dicts after
+    validation. A model parsed anew (``semgov check``) is simply computed anew. Thread-safe: an
     engine's registration thread fills it while its decision thread reads it.
     """
 
-    def __init__(self, size: int = 4096) -> None:
-        self._d: OrderedDict[int, tuple[weakref.ref[Prompt], DonorDigest]] = OrderedDict()
+    def __init__(self, make: Callable[[K], V], size: int = 4096) -> None:
+        self._make = make
+        self._d: OrderedDict[int, tuple[weakref.ref[K], V]] = OrderedDict()
         self._size = size
         self._lock = threading.Lock()
 
-    def get(self, prompt: Prompt) -> DonorDigest:
-        key = id(prompt)
+    def get(self, obj: K) -> V:
+        key = id(obj)
         with self._lock:
             hit = self._d.get(key)
-            if hit is not None and hit[0]() is prompt:
+            if hit is not None and hit[0]() is obj:
                 self._d.move_to_end(key)
                 return hit[1]
-        digest = DonorDigest.of(prompt)
+        value = self._make(obj)
         with self._lock:
-            self._d[key] = (weakref.ref(prompt), digest)
+            self._d[key] = (weakref.ref(obj), value)
             self._d.move_to_end(key)
             while len(self._d) > self._size:
                 self._d.popitem(last=False)
-        return digest
+        return value
+
+
+def _payload_bytes(prov: Provenance) -> bytes:
+    return canonicalize(prov.payload)
 
 
 class _Lru:
-    """A bounded map; oldest entries are dropped first."""
+    """A bounded map; oldest entries are dropped first. Thread-safe (an engine's registration
+    thread fills the caches its decision thread reads)."""
 
     def __init__(self, size: int) -> None:
         self._d: OrderedDict[object, object] = OrderedDict()
         self._size = size
+        self._lock = threading.Lock()
 
     def get(self, key: object) -> object | None:
-        v = self._d.get(key)
-        if v is not None:
-            self._d.move_to_end(key)
-        return v
+        with self._lock:
+            v = self._d.get(key)
+            if v is not None:
+                self._d.move_to_end(key)
+            return v
 
     def put(self, key: object, value: object) -> None:
-        self._d[key] = value
-        if len(self._d) > self._size:
-            self._d.popitem(last=False)
+        with self._lock:
+            self._d[key] = value
+            if len(self._d) > self._size:
+                self._d.popitem(last=False)
 
 
 @dataclass
@@ -197,7 +210,10 @@ class FactContext:
     pii_scanner: PiiScanner | None = None
     _sig_cache: _Lru = field(default_factory=lambda: _Lru(65536))
     _payload_cache: _Lru = field(default_factory=lambda: _Lru(65536))
-    donors: _DonorDigests = field(default_factory=_DonorDigests)
+    donors: _ByIdentity[Prompt, DonorDigest] = field(default_factory=lambda: _ByIdentity(DonorDigest.of))
+    # NOTE: the canonical bytes of a provenance payload (what was signed), by envelope object: an
+    # engine's registered donor is decided many times with the same envelope.
+    messages: _ByIdentity[Provenance, bytes] = field(default_factory=lambda: _ByIdentity(_payload_bytes))
 
 
 def _signature_ok(prov: Provenance, public_key: Ed25519PublicKey, message: bytes, ctx: FactContext) -> bool:
@@ -214,41 +230,54 @@ def verify_ahead(prov: Provenance, ctx: FactContext) -> bool:
     """Verify a donor's provenance signature before any decision needs it (an engine registering
     the donor), so that its first decision finds the result cached. Returns the result; False for
     a key the keyring does not hold. Verification is exactly the decision's own (same cache key)."""
+    message = ctx.messages.get(prov)
+    _parsed_payload(prov, message, ctx)  # NOTE: parsed ahead too, into the cache a decision reads
     trusted = ctx.keyring.get(prov.key_id)
-    return trusted is not None and _signature_ok(prov, trusted.public_key, canonicalize(prov.payload), ctx)
+    return trusted is not None and _signature_ok(prov, trusted.public_key, message, ctx)
 
 
-def _provenance_facts(
-    cand: Candidate, donor: DonorDigest, ctx: FactContext
-) -> tuple[ProvenanceFacts, ProvenancePayload | None]:
-    prov = cand.provenance
-    trusted = ctx.keyring.get(prov.key_id)
-    key_status: Literal["trusted", "unknown", "revoked"] = (
-        "unknown" if trusted is None else ("revoked" if trusted.revoked else "trusted")
-    )
-    message = canonicalize(prov.payload)
-    sig_ok = trusted is not None and _signature_ok(prov, trusted.public_key, message, ctx)
+def _parsed_payload(
+    prov: Provenance, message: bytes, ctx: FactContext
+) -> tuple[ProvenancePayload, DonorFacts] | str:
+    """The payload parsed and what it claims of the donor, or why it does not parse (``loc: msg``);
+    cached by the payload's canonical bytes, so a donor decided many times is parsed once."""
     parsed = ctx._payload_cache.get(message)
     if parsed is None:
         try:
-            parsed = ProvenancePayload.model_validate(prov.payload)
+            valid = ProvenancePayload.model_validate(prov.payload)
+            parsed = (valid, _donor_facts(valid))
         except ValidationError as e:
             err = e.errors(include_url=False)[0]
             loc = ".".join(str(p) for p in err["loc"]) or "payload"
             parsed = f"{loc}: {err['msg']}"
         ctx._payload_cache.put(message, parsed)
-    payload = parsed if isinstance(parsed, ProvenancePayload) else None
+    return parsed  # type: ignore[return-value]
+
+
+def _provenance_facts(
+    cand: Candidate, digest: DonorDigest, ctx: FactContext
+) -> tuple[ProvenanceFacts, ProvenancePayload | None, DonorFacts | None]:
+    """The provenance facts, and the payload and what it claims of the donor when it parsed."""
+    prov = cand.provenance
+    trusted = ctx.keyring.get(prov.key_id)
+    key_status: Literal["trusted", "unknown", "revoked"] = (
+        "unknown" if trusted is None else ("revoked" if trusted.revoked else "trusted")
+    )
+    message = ctx.messages.get(prov)
+    sig_ok = trusted is not None and _signature_ok(prov, trusted.public_key, message, ctx)
+    parsed = _parsed_payload(prov, message, ctx)
+    payload, donor = parsed if isinstance(parsed, tuple) else (None, None)
     facts = ProvenanceFacts(
         key_status=key_status,
         signature_valid=sig_ok,
         payload_valid=payload is not None,
         payload_error=None if payload is not None else str(parsed),
         donor_id_matches=payload is not None and payload.donor_id == cand.donor_id,
-        token_hash_matches=payload is not None and payload.token_ids_sha256 == donor.token_sha256,
-        segments_hash_matches=payload is not None and payload.segments_sha256 == donor.segments_sha256,
-        text_hash_matches=payload is not None and _text_bound(donor.text_sha256, payload),
+        token_hash_matches=payload is not None and payload.token_ids_sha256 == digest.token_sha256,
+        segments_hash_matches=payload is not None and payload.segments_sha256 == digest.segments_sha256,
+        text_hash_matches=payload is not None and _text_bound(digest.text_sha256, payload),
     )
-    return facts, payload
+    return facts, payload, donor
 
 
 def _text_bound(text_digest: str | None, p: ProvenancePayload) -> bool:
@@ -304,8 +333,7 @@ def compute_facts(
     if digest is not None:
         donor = digest.prepared
         try:
-            prov_facts, payload = _provenance_facts(cand, digest, ctx)
-            donor_facts = _donor_facts(payload) if payload is not None else None
+            prov_facts, payload, donor_facts = _provenance_facts(cand, digest, ctx)
         except Exception as e:  # noqa: BLE001
             errors["provenance"] = _error(e)
         try:

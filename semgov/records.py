@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from semgov._internal.strictjson import StrictJSONError
 from semgov._internal.strictjson import loads as strict_loads
-from semgov.canonical import canonicalize, canonicalize_record
+from semgov.canonical import canonicalize, canonicalize_record, with_member
 from semgov.errors import SignatureError
 from semgov.keys import SigningKey, key_id_for, verify_signature
 from semgov.models import DecisionRecord
@@ -23,10 +23,17 @@ from semgov.models import DecisionRecord
 
 def sign_record(unsigned: dict[str, Any], key: SigningKey) -> dict[str, Any]:
     """Return ``unsigned`` plus ``key_id`` and ``signature`` (the input is not modified)."""
+    return sign_record_canonical(unsigned, key)[0]
+
+
+def sign_record_canonical(unsigned: dict[str, Any], key: SigningKey) -> tuple[dict[str, Any], bytes]:
+    """:func:`sign_record`, and the signed record's canonical bytes (the audit log's line), from one
+    canonicalization: the signature is spliced into the signed message (:func:`with_member`)."""
     body = {**unsigned, "key_id": key.key_id}
     body.pop("signature", None)
-    body["signature"] = key.sign(canonicalize_record(body))
-    return body
+    message = canonicalize_record(body)
+    signature = key.sign(message)
+    return {**body, "signature": signature}, with_member(message, body, "signature", signature)
 
 
 # RFC 3339 ``date-time`` with a zone, as semgov writes ``evaluated_at`` (pydantic alone also takes

@@ -70,3 +70,51 @@ def test_record_fast_path_matches_reference(evaluator: object, keys: object) -> 
     )
     for d in evaluator.evaluate(parse(req)):
         assert canonicalize_record(d.record) == rfc8785.dumps(d.record) == d.canonical
+
+
+# Keys that collide with a decision record's (so splice markers also occur nested), and odd ones.
+_keys = st.sampled_from(["tenant", "schema", "signature", "a", "z", "key_id"]) | st.text(max_size=6)
+_objects = st.dictionaries(
+    _keys,
+    st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers(-(2**53) + 1, 2**53 - 1)
+        | st.text(alphabet=',"\\:{}aé\u2028😀'),
+        lambda children: st.lists(children, max_size=3) | st.dictionaries(_keys, children, max_size=3),
+        max_leaves=12,
+    ),
+    max_size=6,
+)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(_objects, _keys, st.text(alphabet=',"\\:{}aé😀', max_size=8))
+def test_spliced_member_matches_reference(obj: dict[str, object], key: str, value: str) -> None:
+    """A member spliced into an object's canonical bytes gives the reference bytes of the whole."""
+    from semgov.canonical import with_member
+
+    if key in obj:
+        return
+    assert with_member(canonicalize(obj), obj, key, value) == rfc8785.dumps({**obj, key: value})
+
+
+def test_signed_record_bytes_are_the_reference_of_the_signed_record() -> None:
+    """Records signed with one canonicalization carry exactly the RFC 8785 bytes of the signed record."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from semgov.keys import SigningKey
+    from semgov.records import sign_record_canonical
+
+    key = SigningKey.from_private(Ed25519PrivateKey.generate())
+    odd = {"tenant": 'x",\\"tenant":', "schema": "s", "z": [{"tenant": 1}]}
+    for unsigned in (
+        odd,
+        {},
+        {"zz": 1},
+        {"a": {"signature": 2}},
+        {"tenant": "t", "b": {"a": 1, "tenant": "u"}},
+    ):
+        record, canonical = sign_record_canonical(unsigned, key)
+        assert canonical == rfc8785.dumps(record)
+        assert record == {**unsigned, "key_id": key.key_id, "signature": record["signature"]}

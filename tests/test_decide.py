@@ -187,11 +187,11 @@ def test_register_donor_prepares_the_donor_once_for_every_decision(
 
 def test_donor_digest_never_hits_for_a_recycled_object_id(keys: Keys) -> None:
     """A digest is taken only for the very prompt object it was made from (a weak reference confirms it)."""
-    from semgov.facts import DonorDigest, _DonorDigests
+    from semgov.facts import DonorDigest, _ByIdentity
     from semgov.models import Prompt
     from tests.conftest import parse
 
-    cache = _DonorDigests(size=8)
+    cache = _ByIdentity(DonorDigest.of, size=8)
     a = parse(request([candidate(keys)])).candidates[0].prompt
     da = cache.get(a)
     key = id(a)
@@ -203,6 +203,23 @@ def test_donor_digest_never_hits_for_a_recycled_object_id(keys: Keys) -> None:
     cache._d[id(b)] = cache._d.pop(key)  # as if b had been given a's id
     db = cache.get(b)
     assert db is not da and db.token_sha256 == DonorDigest.of(b).token_sha256 != da.token_sha256
+
+
+def test_a_provenance_envelope_is_canonicalized_once_per_object(keys: Keys) -> None:
+    """Deciding the same envelope object twice canonicalizes its payload once; another object anew."""
+    from semgov import load_policy
+    from tests.conftest import DEFAULT_POLICY_DIR, parse
+
+    ev = Evaluator(load_policy(DEFAULT_POLICY_DIR), keys.keyring, keys.decision)
+    made: list[int] = []
+    make = ev.ctx.messages._make
+    ev.ctx.messages._make = lambda prov: made.append(id(prov)) or make(prov)  # type: ignore[method-assign,func-returns-value]
+    req = parse(request([candidate(keys)]))
+    first = [d.decision for d in ev.evaluate(req)]
+    again = [d.decision for d in ev.evaluate(req)]
+    assert first == again == ["allow"] and made == [id(req.candidates[0].provenance)]
+    fresh = parse(request([candidate(keys)]))
+    assert [d.decision for d in ev.evaluate(fresh)] == ["allow"] and len(made) == 2
 
 
 def test_register_provenance_verifies_ahead_so_the_first_decision_does_not(

@@ -11,6 +11,7 @@ import pytest
 from pydantic import TypeAdapter
 
 from semgov import Evaluator, Keyring, PolicyError, load_signing_key, parse_policy
+from semgov._internal.timefmt import rfc3339
 from semgov.engine import ApprovedSpan, EngineResult, GateOutcome
 from semgov.models import GATES, DecisionRecord
 from semgov.policy import Policy, QualityPlan, load_policy
@@ -221,7 +222,8 @@ def test_the_record_states_the_plan_signed_and_v1_records_still_verify() -> None
     res = ev.decide(doc)
     assert [s.recompute for s in res.approved_spans] == [0, 90]
     assert "under quality rule 0" in next(g.detail for g in res.gates if g.gate == "token_verification")
-    signed = ev._sign("r", "acme", "research/e1", "d", res, recipient_tokens=400, now=_now())
+    at = rfc3339(_now())
+    signed = ev._sign("r", "acme", "research/e1", "d", res, recipient_tokens=400, evaluated_at=at)
     rec = signed.record
     assert rec["schema"] == "semgov.decision/v2" and [s["recompute"] for s in rec["approved_spans"]] == [
         0,

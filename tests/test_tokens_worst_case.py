@@ -26,7 +26,9 @@ from semgov._internal.tokens import (
     SpanWork,
     _candidate_diagonals,
     _runs,
+    anchor_k,
     find_spans,
+    kgram_index,
 )
 
 ROLES = ("system", "instruction", "evidence", "question", "other")
@@ -191,6 +193,67 @@ def test_same_spans_as_reference_on_low_entropy_input(case: Case) -> None:
 def test_same_spans_as_reference_on_repeated_blocks(case: Case) -> None:
     """On repeated blocks with differing or shared separators and fine segments, spans are the old ones."""
     same_as_reference(*case)
+
+
+@st.composite
+def planted_runs(draw: st.DrawFn) -> Case:
+    """High-entropy prompts (k-grams unique: the windowed comparison) sharing planted runs around
+    min_span, some cut by single edits, maybe a common prefix, random segments."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    r = rng.integers(0, 50_000, draw(st.integers(1, 1200))).astype(np.uint32)
+    d = rng.integers(0, 50_000, draw(st.integers(1, 1200))).astype(np.uint32)
+    min_span = draw(st.integers(1, 48))
+    for _ in range(draw(st.integers(0, 8))):
+        n = draw(st.integers(1, 3 * min_span + 2))
+        if n < min(len(r), len(d)):
+            a, b = draw(st.integers(0, len(r) - n)), draw(st.integers(0, len(d) - n))
+            d[b : b + n] = r[a : a + n]
+    if draw(st.booleans()):
+        p = draw(st.integers(0, min(len(r), len(d))))
+        d[:p] = r[:p]
+    for pos in draw(st.lists(st.integers(0, len(r) - 1), max_size=3)):
+        r[pos] = 50_001
+    rseg = tiling(len(r), draw(st.lists(st.integers(1, len(r)), max_size=5)), list(ROLES))
+    dseg = tiling(len(d), draw(st.lists(st.integers(1, len(d)), max_size=5)), list(ROLES[::-1]))
+    return r, rseg, d, dseg, min_span
+
+
+@settings(max_examples=1500, deadline=None)
+@given(planted_runs())
+def test_same_spans_as_reference_on_planted_runs(case: Case) -> None:
+    """Where each anchor meets one donor position, comparing only each diagonal's window around its hit
+    anchors gives exactly the spans of comparing the whole diagonal (the reference)."""
+    r, rseg, d, dseg, min_span = case
+    same_as_reference(*case)
+    index = kgram_index(d, anchor_k(min_span))
+    assert find_spans(r, rseg, d, dseg, min_span=min_span, donor_index=index) == find_spans(
+        r, rseg, d, dseg, min_span=min_span
+    )
+
+
+def test_a_diagonal_hit_only_near_the_end_is_compared_only_there() -> None:
+    """Unrelated evidence behind a shared 30-token question: the question's diagonal is compared over
+    a window of about two strides, not over the whole prompt (and no span of 32 or more is found)."""
+    rng = np.random.default_rng(7)
+    q = rng.integers(0, 50_000, 30).astype(np.uint32)
+    r = np.concatenate([rng.integers(0, 50_000, 18_000).astype(np.uint32), q])
+    d = np.concatenate([rng.integers(0, 50_000, 18_000).astype(np.uint32), q])
+    tab = SegmentTable.from_triples([("evidence", 0, 18_030)])  # type: ignore[list-item]
+    work = SpanWork()
+    assert find_spans(r, tab, d, tab, min_span=32, work=work) == (0, [])
+    assert 0 < work.compared <= 30 + 2 * 32
+    wide = SpanWork()
+    find_spans(r, tab, d, tab, min_span=32, work=wide, donor_index=kgram_index(d, 8))
+    assert wide.compared == work.compared
+
+
+def test_repeated_kgrams_compare_the_whole_diagonal() -> None:
+    """When some anchor's k-gram occurs twice in the donor, its diagonals are compared whole."""
+    lay = LAYOUTS["blocks_seps"](2500)
+    rseg, dseg = lay.tables()
+    work = SpanWork()
+    find_spans(lay.r, rseg, lay.d, dseg, min_span=32, work=work)
+    assert work.compared >= len(lay.r) - 64
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))

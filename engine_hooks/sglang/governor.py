@@ -58,7 +58,7 @@ from semgov.engine_events import SignedEvent, engine_event, sign_engine_event
 from semgov.errors import SemgovError
 from semgov.facts import prompt_from_tokens
 from semgov.keys import Keyring, SigningKey, load_signing_key
-from semgov.models import CAPTURED_REQUEST_SCHEMA, Candidate, CapturedRequest, Prompt
+from semgov.models import CAPTURED_REQUEST_SCHEMA, Candidate, CapturedRequest, Prompt, Provenance
 from semgov.policy_source import load_policy_source, make_engine
 from semgov.provenance import provenance_payload, sign_provenance
 
@@ -138,7 +138,7 @@ class DonorEntry(LiveDonor):
     """A registered donor as the deciding side holds it: plus its prompt and signed provenance."""
 
     prompt: Prompt
-    provenance: dict[str, Any]
+    provenance: Provenance  # NOTE: validated once, at registration: every decision reuses the object
     registered_at: datetime
 
 
@@ -303,7 +303,7 @@ def build_donor_entry(
         pii_entities=sorted(found) if found is not None else (),
         pii_scanned=found is not None,
     )
-    provenance = sign_provenance(payload, signing_key)
+    provenance = Provenance.model_validate(sign_provenance(payload, signing_key))
     evaluator.register_provenance(provenance)  # NOTE: its first decision then finds it verified
     ids = spec.token_ids
     return DonorEntry(

@@ -107,14 +107,6 @@ def _kgram_hashes(t: U32, k: int) -> U32:
     return h
 
 
-def _kgram_at(t: U32, pos: npt.NDArray[np.intp], k: int) -> U32:
-    """k-gram hashes at the given start positions only."""
-    h: U32 = t[pos] * _MULT[0]
-    for j in range(1, k):
-        h += t[pos + j] * _MULT[j]
-    return h
-
-
 def _runs(eq: npt.NDArray[np.bool_], min_len: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Starts and lengths of True runs of at least ``min_len`` in ``eq``."""
     n = len(eq)
@@ -138,21 +130,26 @@ def _runs(eq: npt.NDArray[np.bool_], min_len: int) -> tuple[npt.NDArray[np.int64
 
 @dataclass(frozen=True, slots=True)
 class KgramIndex:
-    """A donor's k-gram hashes with their positions, sorted: ``keys[i] = hash << 32 | position``,
-    and ``hashes[i] = keys[i] >> 32`` (half the bytes for the lookups most anchors need).
+    """A donor's k-gram hashes with their positions, sorted by ``(hash, position)``: ``hashes[i]`` and
+    ``positions[i]`` (both uint32: 8 bytes per token).
 
     Built once per donor (:func:`kgram_index`; ``semgov.facts.DonorDigest`` keeps it from the
     donor's registration), so a decision only looks its recipient's anchors up in it.
     """
 
     k: int
-    keys: npt.NDArray[np.uint64]
     hashes: npt.NDArray[np.uint32]
+    positions: npt.NDArray[np.uint32]
 
     @classmethod
     def of_keys(cls, k: int, keys: npt.NDArray[np.uint64]) -> KgramIndex:
-        """From sorted keys."""
-        return cls(k, keys, (keys >> _HIGH).astype(np.uint32))
+        """From sorted keys ``hash << 32 | position``."""
+        return cls(k, (keys >> _HIGH).astype(np.uint32), (keys & _LOW32).astype(np.uint32))
+
+    def keys(self) -> npt.NDArray[np.uint64]:
+        """The sorted keys ``hash << 32 | position`` (built on demand: only repeated k-grams need them)."""
+        out: npt.NDArray[np.uint64] = (self.hashes.astype(np.uint64) << _HIGH) | self.positions
+        return out
 
 
 _LOW32 = np.uint64(0xFFFFFFFF)
@@ -194,52 +191,115 @@ def anchor_k(min_span: int) -> int:
     return min(ANCHOR_K, min_span)
 
 
+def _anchor_hashes(r: U32, lo: int, stride: int, k: int) -> tuple[npt.NDArray[np.int64], U32]:
+    """Anchor positions ``lo, lo + stride, ...`` (every whole k-gram of ``r`` from there) and their
+    k-gram hashes (:func:`_kgram_hashes` at those positions), as one product of a strided view."""
+    count = (len(r) - k - lo) // stride + 1
+    pos = np.arange(lo, lo + stride * count, stride, dtype=np.int64)
+    item = r.itemsize
+    if r.flags.c_contiguous and r.dtype == np.uint32:
+        grams = np.ndarray((count, k), np.uint32, buffer=r, offset=lo * item, strides=(stride * item, item))
+    else:
+        grams = r[pos[:, None] + np.arange(k)]
+    # NOTE: uint32 products and sums wrap modulo 2**32, as _kgram_hashes' running sum does.
+    h: U32 = grams @ _MULT[:k]
+    return pos, h
+
+
+def _top_diagonals(offs: npt.NDArray[np.int64]) -> list[int]:
+    """The ``MAX_DIAGONALS`` most frequent values of ``offs`` (not empty), most votes first, ties
+    smallest value first (as ``np.unique`` orders them)."""
+    return [off for off, _, _ in _top_windows(offs, None, 0)]
+
+
+def _top_windows(
+    offs: npt.NDArray[np.int64], apos: npt.NDArray[np.int64] | None, reach: int
+) -> list[tuple[int, int, int]]:
+    """:func:`_top_diagonals` as ``(diagonal, first, end)``: with the anchors' positions ``apos``, the
+    recipient window ``[first, end)`` from the diagonal's first hit anchor less ``reach`` to its last
+    plus ``reach``; without them ``(diagonal, 0, -1)`` (the whole diagonal)."""
+    order = np.argsort(offs, kind="stable")
+    s = offs[order]
+    ends = np.flatnonzero(s[1:] != s[:-1])
+    if len(ends) == 0:  # NOTE: the usual case: every hit on one diagonal
+        if apos is None:
+            return [(int(s[0]), 0, -1)]
+        return [(int(s[0]), int(apos.min()) - reach, int(apos.max()) + reach)]
+    at = np.concatenate(([0], ends + 1))
+    votes = np.diff(at, append=len(s))
+    best = np.argsort(-votes, kind="stable")[:MAX_DIAGONALS]
+    diagonals: list[int] = s[at[best]].tolist()
+    if apos is None:
+        return [(off, 0, -1) for off in diagonals]
+    a = apos[order]
+    first: list[int] = (np.minimum.reduceat(a, at)[best] - reach).tolist()
+    last: list[int] = (np.maximum.reduceat(a, at)[best] + reach).tolist()
+    return list(zip(diagonals, first, last, strict=True))
+
+
 def _candidate_diagonals(
     r: U32, d: U32, lo: int, min_span: int, index: KgramIndex | None = None
 ) -> list[int]:
-    """Diagonals (donor_pos - recipient_pos) that anchor hits propose, best first.
+    """Diagonals (donor_pos - recipient_pos) that anchor hits propose, best first."""
+    return [off for off, _, _ in _diagonal_windows(r, d, lo, min_span, index)]
+
+
+def _diagonal_windows(
+    r: U32, d: U32, lo: int, min_span: int, index: KgramIndex | None = None
+) -> list[tuple[int, int, int]]:
+    """:func:`_candidate_diagonals`, each as ``(diagonal, first, end)``: every run of ``min_span`` or
+    more on the diagonal lies inside the recipient window ``[first, end)`` (``end`` -1: anywhere).
 
     NOTE: each recipient anchor is looked up in the donor's sorted k-gram index (O(A log n) for A
     anchors) and meets at most ``MAX_PER_SLOT`` donor positions with its hash: the ones nearest its
     own position (half before, half after), so repeated content votes for the diagonals closest to
     the anchor and the work is bounded by ``MAX_PER_SLOT * A`` pairs, even for one repeated token.
     Equal keys compare exactly (no collision filter needed: a collision only costs a comparison).
+
+    NOTE: windows, when every hit anchor meets exactly one donor position (the usual case): a run of
+    ``min_span`` or more holds a whole anchor (the stride says so), whose one donor position is then
+    on the run's diagonal, so every such anchor is a hit there; the anchors one stride before the
+    run's first and after its last are not wholly inside it. So the run starts after the diagonal's
+    first hit less a stride and ends before its last hit plus a stride and k: comparing that window
+    finds exactly the runs comparing the whole diagonal finds (what a window cuts is shorter than
+    ``min_span``). Otherwise (repeated k-grams) the whole diagonal is compared.
     """
     k = anchor_k(min_span)
     if len(r) - lo < min_span or len(d) < min_span:
         return []
     stride = max(1, min_span - k + 1)
-    anchor_pos = np.arange(lo, len(r) - k + 1, stride, dtype=np.int64)
-    if len(anchor_pos) == 0:
-        return []
-    h = _kgram_at(r, anchor_pos, k)
+    apos, h = _anchor_hashes(r, lo, stride, k)
     idx = index if index is not None and index.k == k else KgramIndex.of_keys(k, _anchored_keys(d, k, h))
-    # NOTE: the anchors sorted by (hash, position): the lookups then walk the donor's index in order
-    # (a cold index costs fewer cache misses), and the order of the anchors changes no vote.
-    needle = (h.astype(np.uint64) << _HIGH) | anchor_pos.astype(np.uint64)
-    needle.sort()
-    hs = (needle >> _HIGH).astype(np.uint32)
-    left = np.searchsorted(idx.hashes, hs)
-    cnt = np.searchsorted(idx.hashes, hs, side="right") - left
-    hit = np.flatnonzero(cnt)
+    n = len(idx.hashes)
+    if n == 0:
+        return []
+    # NOTE: the anchors in hash order (a radix sort): the searches then walk the index in order, so a
+    # cold index costs a few cache misses per anchor instead of a dozen; the order changes no vote.
+    order = np.argsort(h, kind="stable")
+    h, apos = h[order], apos[order]
+    left = np.searchsorted(idx.hashes, h)
+    # NOTE: whether each anchor's hash is in the index, and whether twice, read at the left end of its
+    # group; only when some hash is there twice are the groups' ends searched for.
+    hit = np.flatnonzero(idx.hashes[np.minimum(left, n - 1)] == h)
     if len(hit) == 0:
         return []
-    left, cnt, needle = left[hit], cnt[hit], needle[hit]
-    apos = (needle & _LOW32).astype(np.int64)
+    left, apos = left[hit], apos[hit]
+    if not (idx.hashes[np.minimum(left + 1, n - 1)] == h[hit])[left + 1 < n].any():
+        return _top_windows(idx.positions[left].astype(np.int64) - apos, apos, stride + k - 1)
+    hh = h[hit]
+    cnt = np.searchsorted(idx.hashes, hh, side="right") - left
     # NOTE: an anchor whose hash more than MAX_PER_SLOT donor positions share takes the ones around
     # its own position in the group (found on the full keys: only those anchors search them).
     near = left.copy()
     big = np.flatnonzero(cnt > MAX_PER_SLOT)
     if len(big):
-        near[big] = np.searchsorted(idx.keys, needle[big])
+        needle = (hh[big].astype(np.uint64) << _HIGH) | apos[big].astype(np.uint64)
+        near[big] = np.searchsorted(idx.keys(), needle)
     take = np.minimum(cnt, MAX_PER_SLOT)
     start = np.clip(near - take // 2, left, left + cnt - take)
     first = np.repeat(start - (np.cumsum(take) - take), take)
-    dpos = (idx.keys[first + np.arange(len(first))] & _LOW32).astype(np.int64)
-    offs = dpos - np.repeat(apos, take)
-    vals, votes = np.unique(offs, return_counts=True)
-    best = np.argsort(-votes, kind="stable")[:MAX_DIAGONALS]
-    return [int(v) for v in vals[best]]
+    dpos = idx.positions[first + np.arange(len(first))].astype(np.int64)
+    return _top_windows(dpos - np.repeat(apos, take), None, 0)
 
 
 def _split(
@@ -291,6 +351,8 @@ def _split(
 class SpanWork:
     """Work counters of one :func:`find_spans` call (tests bound them; nothing else reads them)."""
 
+    compared: int = 0
+    """Token pairs compared on the candidate diagonals (their windows, see :func:`_diagonal_windows`)."""
     runs: int = 0
     """Runs of at least ``min_span`` equal tokens found on the compared diagonals."""
     considered: int = 0
@@ -311,16 +373,23 @@ def _tick(deadline: Deadline | None) -> None:
 
 
 def _collect_runs(
-    r: U32, d: U32, lcp: int, min_span: int, deadline: Deadline | None, index: KgramIndex | None
+    r: U32,
+    d: U32,
+    lcp: int,
+    min_span: int,
+    deadline: Deadline | None,
+    index: KgramIndex | None,
+    work: SpanWork,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """``(lengths, starts, offsets)`` of every run of ``min_span`` or more on the candidate diagonals."""
     parts: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]] = []
-    for off in _candidate_diagonals(r, d, lcp, min_span, index):
+    for off, first, end in _diagonal_windows(r, d, lcp, min_span, index):
         _tick(deadline)
-        lo = max(lcp, -off)
-        hi = min(len(r), len(d) - off)
+        lo = max(lcp, -off, first)
+        hi = min(len(r), len(d) - off) if end < 0 else min(len(r), len(d) - off, end)
         if hi - lo < min_span:
             continue
+        work.compared += hi - lo
         starts, lengths = _runs(r[lo:hi] == d[lo + off : hi + off], min_span)
         if len(starts):
             parts.append((lengths, starts + lo, off))
@@ -396,6 +465,21 @@ def _take(
     return kept
 
 
+def _common_prefix(r: U32, d: U32) -> int:
+    """The length of the longest common prefix of ``r`` and ``d``.
+
+    NOTE: the first 512 tokens are compared alone: prompts that differ early (most pairs) never read
+    the rest of either.
+    """
+    m = min(len(r), len(d))
+    head = min(m, 512)
+    ne = r[:head] != d[:head]
+    if ne.any():
+        return int(ne.argmax())
+    ne = r[head:m] != d[head:m]
+    return head + int(ne.argmax()) if ne.any() else m
+
+
 def find_spans(
     r: U32,
     rseg: SegmentTable,
@@ -427,13 +511,11 @@ def find_spans(
     w = work if work is not None else SpanWork()
     tables = (rseg, dseg)
     _tick(deadline)
-    m = min(len(r), len(d))
-    ne = r[:m] != d[:m]
-    lcp = int(ne.argmax()) if m and ne.any() else m
+    lcp = _common_prefix(r, d)
     spans: list[FoundSpan] = []
     if lcp:
         w.cuts += _split(0, 0, lcp, "prefix", tables, 1, spans, deadline)
-    lengths, starts, offs = _collect_runs(r, d, lcp, min_span, deadline, donor_index)
+    lengths, starts, offs = _collect_runs(r, d, lcp, min_span, deadline, donor_index, w)
     w.runs = len(lengths)
     _tick(deadline)
     order = _greedy_order(lengths, starts, offs)

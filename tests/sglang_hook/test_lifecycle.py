@@ -357,7 +357,7 @@ def test_donor_with_pii_is_denied_and_the_recipient_runs_cold(make_harness: Any)
     dreq = run_donor(h, b)
     assert h.tree.gov.drain_donors() == 1
     entry = h.tree.gov.donor(h.tree.donor_id(state_of(dreq)))
-    assert entry.provenance["payload"]["pii"] == {"scanned": True, "entities": ["EMAIL_ADDRESS"]}
+    assert entry.provenance.payload["pii"] == {"scanned": True, "entities": ["EMAIL_ADDRESS"]}
     rcp = new_recipient(h, b)
     h.run(rcp)
     assert rcp.prefix_len == S_LEN and not rcp.skip_radix_cache_insert
