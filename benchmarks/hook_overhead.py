@@ -24,8 +24,19 @@ the guard checking after each realization (``per-real``) and once at the round's
 (``per-round``, what the plugin's round hook does); per request, semgov's scheduler-thread time
 (``sched``, K/V copy excluded) and the guard checks run.
 
-Usage: ``python benchmarks/hook_overhead.py [--n 200] [--evidence 400,3000] [--round 8]``. Prints
-p50/p99 µs.
+``--process``: decide in the decision process, as the server does (``SEMGOV_DECISION_PROCESS=1``);
+by default the harness decides on a thread of its own process (what the hook's tests step by
+hand), whose Python then competes with the scheduler thread's for the interpreter lock.
+
+``--floor``: the scheduler-thread operations of one realized recipient, each timed alone and hot
+(the minimum of five repeats of many calls, one core, decisions in the decision process): the
+work's own cost, without what shares the scheduler's cores and caches in a server (SGLang's
+other processes, a CPU forward pass, semgov's decision process, other threads). Their sum is the
+lower bound of semgov's scheduler-thread time per realized recipient; the other modes measure it
+in place.
+
+Usage: ``python benchmarks/hook_overhead.py [--n 200] [--evidence 400,3000] [--round 8] [--process]
+[--floor]``. Prints p50/p99 µs.
 Donors are registered synchronously (their PII scan is not on any recipient's path).
 """
 
@@ -38,6 +49,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -48,7 +60,12 @@ def _q(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def run(n: int, evidence: int) -> dict[str, list[float]]:
+def _env(process: bool) -> dict[str, str]:
+    """Harness settings: decisions in the decision process (``--process``) or on an in-process thread."""
+    return {"SEMGOV_DECISION_PROCESS": "1"} if process else {}
+
+
+def run(n: int, evidence: int, process: bool = False) -> dict[str, list[float]]:
     import torch
 
     torch.set_num_threads(1)
@@ -58,7 +75,7 @@ def run(n: int, evidence: int) -> dict[str, list[float]]:
     tmp = Path(tempfile.mkdtemp(prefix="semgov-hook-bench-"))
     files = hc.make_hook_files(tmp)
     rt = hc.publish_runtime()
-    h = hc.Harness(rt, files, size=1 << 16)
+    h = hc.Harness(rt, files, size=1 << 16, **_env(process))
     stages = ("exact", "first", "poll", "match", "realize", "copy", "sched", "decided")
     out: dict[str, list[float]] = {k: [] for k in stages}
     from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
@@ -124,7 +141,9 @@ def run(n: int, evidence: int) -> dict[str, list[float]]:
     return out
 
 
-def run_rounds(rounds: int, k: int, evidence: int, in_round: bool) -> tuple[list[float], float]:
+def run_rounds(
+    rounds: int, k: int, evidence: int, in_round: bool, process: bool = False
+) -> tuple[list[float], float]:
     """``rounds`` rounds of ``k`` decided recipients admitted together: semgov's scheduler-thread
     µs per recipient, and guard checks per recipient."""
     import torch
@@ -136,7 +155,7 @@ def run_rounds(rounds: int, k: int, evidence: int, in_round: bool) -> tuple[list
 
     tmp = Path(tempfile.mkdtemp(prefix="semgov-hook-bench-"))
     rt = hc.publish_runtime()
-    h = hc.Harness(rt, hc.make_hook_files(tmp), size=1 << 17)
+    h = hc.Harness(rt, hc.make_hook_files(tmp), size=1 << 17, **_env(process))
     sched: list[float] = []
     checks = 0
     try:
@@ -175,16 +194,104 @@ def run_rounds(rounds: int, k: int, evidence: int, in_round: bool) -> tuple[list
     return sched, checks / (rounds * k)
 
 
+def floor(evidence: int) -> list[tuple[str, float, int]]:
+    """``(operation, hot µs per call, calls per realized recipient)`` for one realized recipient."""
+    import timeit
+
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(1)
+    import tests.sglang_hook.conftest as hc
+    from engine_hooks.sglang.cache import _int64, state_of
+    from tests.sglang_hook.scenario import blocks
+
+    tmp = Path(tempfile.mkdtemp(prefix="semgov-hook-bench-"))
+    h = hc.Harness(hc.publish_runtime(), hc.make_hook_files(tmp), size=1 << 17, **_env(True))
+    tree = h.tree
+    try:
+        b = blocks(seed=1, e_len=evidence)
+        lay = b.donor()
+        d = h.new_req("d", lay.tokens, h.context(segments=lay.segments))
+        h.run(d)
+        h.finish(d)
+        rlay = b.recipient()
+        r = h.new_req("r", rlay.tokens, h.context(segments=rlay.segments))
+        h.match(r)
+        st = state_of(r)
+        assert st is not None and st.donor is not None and st.chosen is not None, "no allowed donor"
+        token = h.context(segments=rlay.segments)
+        d_len, node = tree._donor_path(st.donor)
+        root = tree.root_node_handle(st.donor.cache_key)
+        pieces = __import__("engine_hooks.sglang.plan", fromlist=["plan_pieces"]).plan_pieces(
+            tree._spans(st.chosen), st.m0, st.limit0, d_len, tree.page_size
+        )
+        k = sum(p.length for p in pieces)
+        rt, dt = _int64(r.origin_input_ids), _int64(st.donor.token_ids)
+
+        def alloc_free() -> None:
+            tree.token_to_kv_pool_allocator.free(tree._alloc(k))
+
+        def event() -> None:
+            # NOTE: as on an accelerator's pool: slot ids are listed only for a host pool (see
+            # GovernedRadixCache._realized), where listing 3,000 of them costs tens of µs more.
+            spans = [p.as_span() for p in pieces]
+            tree.gov.event("realization", request_id="x", decision_id="y", donor_id="z", spans=spans)
+
+        ops: list[tuple[str, Any, int]] = [
+            ("context token: verify, derive the tree key", lambda: tree.gov.context_of(token, None), 1),
+            ("has donors of its scope (scope key)", lambda: tree.gov.has_donors(st.context, None), 1),
+            ("donor liveness: SGLang's match of the donor", lambda: tree._donor_path(st.donor), 2),
+            ("plan the reusable run", lambda: tree._spans(st.chosen), 2),
+            ("hold-back poll of a waiting request", lambda: tree.hold_back([r]), 5),
+            ("pin and unpin the donor", lambda: tree.unlock(tree.lock(node)), 1),
+            ("token check", lambda: np.array_equal(rt[: len(dt)], dt[: len(rt)]), 1),
+            (
+                "SGLang: donor slots (collect_full_device_indices)",
+                lambda: tree.tree_core.collect_full_device_indices(node, root),
+                1,
+            ),  # fmt: skip
+            ("SGLang: allocate the realized slots (and free)", alloc_free, 1),
+            ("queue the realization event", event, 1),
+            ("invariant guard (round end, release)", lambda: tree.guard.check([], 0), 2),
+        ]
+        out = []
+        for label, fn, calls in ops:
+            for _ in range(20):
+                fn()
+            n = 200
+            best = min(timeit.repeat(fn, number=n, repeat=5)) / n * 1e6
+            out.append((label, best, calls))
+        return out
+    finally:
+        h.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=200, help="recipients per evidence size (default 200)")
     ap.add_argument("--evidence", default="400,3000", help="evidence tokens, comma-separated")
     ap.add_argument("--round", type=int, default=0, help="also admit K recipients per round (0: no)")
+    ap.add_argument("--process", action="store_true", help="decide in the decision process (as a server)")
+    ap.add_argument("--floor", action="store_true", help="each operation timed alone and hot, summed")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.floor:
+        os.sched_setaffinity(0, {0})
+        for ev in (int(x) for x in args.evidence.split(",")):
+            ops = floor(ev)
+            print(f"evidence {ev}: one realized recipient, each operation hot and alone (min of 5 runs)")
+            for label, us, calls in ops:
+                print(f"  {us:8.1f} us x {calls}  {label}")
+            total = sum(us * calls for _, us, calls in ops)
+            alloc = next(us for label, us, _ in ops if "allocate" in label)
+            print(
+                f"  {total:8.1f} us   sum; {total - alloc:.1f} us without the allocation SGLang makes anyway"
+            )
+        return 0
     print(f"{'evidence':>8} {'stage':<8} {'p50':>9} {'p99':>9}       n  (us; 'decided' in ms, off-thread)")
     for ev in (int(x) for x in args.evidence.split(",")):
-        res = run(args.n, ev)
+        res = run(args.n, ev, args.process)
         for stage, xs in res.items():
             print(f"{ev:>8} {stage:<8} {_q(xs, 0.5):>9.0f} {_q(xs, 0.99):>9.0f} {len(xs):>7}")
     if args.round:
@@ -193,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'evidence':>8} {'guard':<10} {'p50':>9} {'p99':>9} {'checks/req':>10}       n")
         for ev in (int(x) for x in args.evidence.split(",")):
             for in_round, label in ((False, "per-real"), (True, "per-round")):
-                xs, per = run_rounds(rounds, k, ev, in_round)
+                xs, per = run_rounds(rounds, k, ev, in_round, args.process)
                 p50, p99 = _q(xs, 0.5), _q(xs, 0.99)
                 print(f"{ev:>8} {label:<10} {p50:>9.0f} {p99:>9.0f} {per:>10.2f} {len(xs):>7}")
     return 0

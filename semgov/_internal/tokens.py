@@ -140,6 +140,7 @@ class KgramIndex:
     k: int
     hashes: npt.NDArray[np.uint32]
     positions: npt.NDArray[np.uint32]
+    _keys: list[npt.NDArray[np.uint64]] = field(default_factory=list, compare=False, repr=False)
 
     @classmethod
     def of_keys(cls, k: int, keys: npt.NDArray[np.uint64]) -> KgramIndex:
@@ -147,9 +148,11 @@ class KgramIndex:
         return cls(k, (keys >> _HIGH).astype(np.uint32), (keys & _LOW32).astype(np.uint32))
 
     def keys(self) -> npt.NDArray[np.uint64]:
-        """The sorted keys ``hash << 32 | position`` (built on demand: only repeated k-grams need them)."""
-        out: npt.NDArray[np.uint64] = (self.hashes.astype(np.uint64) << _HIGH) | self.positions
-        return out
+        """The sorted keys ``hash << 32 | position``, built on first use (only repeated k-grams need
+        them) and kept. NOTE: two threads may both build them; they build the same array."""
+        if not self._keys:
+            self._keys.append((self.hashes.astype(np.uint64) << _HIGH) | self.positions)
+        return self._keys[0]
 
 
 _LOW32 = np.uint64(0xFFFFFFFF)

@@ -520,3 +520,85 @@ def test_governor_context_of_never_raises(monkeypatch: pytest.MonkeyPatch) -> No
     assert event == "semgov context token parser failed" and kw["error"] == "RuntimeError"
     assert len(kw["extra_key"]) < 200 and kw["extra_key"].isascii()
     assert kw["lora_id"] == "<_FakeStr>"  # its real type; its repr is never called
+
+
+# Documents near the valid ones: a valid context, then up to three fields replaced by right or
+# wrong types, lengths at the limits and odd characters.
+_text = st.one_of(
+    st.sampled_from(["acme", "ns1", "qa", "1", "", "a" * 128, "a" * 129, "a" * 512, "a" * 513, "a b", "é"]),
+    st.sampled_from(["\ud800", "qa\udfff", "😀" * 512]),  # lone surrogates: the models refuse them
+    st.text(max_size=6),
+)
+_scalar = st.one_of(
+    _text, st.integers(-3, 3), st.integers(2**62, 2**70), st.booleans(), st.none(), st.floats(0, 2)
+)
+_hex = st.one_of(
+    st.sampled_from(["a" * 64, "A" * 64, "a" * 63]), st.text("0123456789abcdef", min_size=64, max_size=64)
+)
+_segment = st.one_of(
+    st.tuples(st.sampled_from(["system", "evidence", "question", "Evidence"]), _scalar, _scalar).map(list),
+    st.lists(_scalar, max_size=4),
+)
+_changes = {
+    "tenant": _text,
+    "namespace": _text,
+    "task": st.one_of(st.fixed_dictionaries({"id": _text, "version": _text}), _scalar),
+    "task.id": _text,
+    "response_contract": st.one_of(st.fixed_dictionaries({"id": _text, "schema_sha256": _hex}), _scalar),
+    "response_contract.schema_sha256": _hex,
+    "segments": st.one_of(st.lists(_segment, max_size=4), _scalar),
+    "segments.end": st.one_of(st.integers(-1, 12), st.integers(2**62, 2**70), st.booleans()),
+    "extra": _scalar,
+}
+
+
+@st.composite
+def _obj(draw: st.DrawFn) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "tenant": "acme",
+        "namespace": "ns1",
+        "task": dict(TASK),
+        "response_contract": dict(CONTRACT),
+        "segments": [["system", 0, 3], ["evidence", 3, 9]],
+    }
+    if draw(st.booleans()):
+        del doc["segments"]
+    for name in draw(st.lists(st.sampled_from(sorted(_changes)), max_size=3)):
+        value = draw(_changes[name])
+        if name == "task.id" and isinstance(doc.get("task"), dict):
+            doc["task"]["id"] = value
+        elif name == "response_contract.schema_sha256" and isinstance(doc.get("response_contract"), dict):
+            doc["response_contract"]["schema_sha256"] = value
+        elif name == "segments.end" and isinstance(doc.get("segments"), list) and doc["segments"]:
+            last = doc["segments"][-1]
+            if isinstance(last, list) and last:
+                last[-1] = value
+        elif "." not in name:
+            doc[name] = value
+    return doc
+
+
+@settings(max_examples=4000, deadline=None)
+@given(_obj())
+def test_the_fast_validation_accepts_only_what_the_models_accept_and_means_the_same(
+    doc: dict[str, Any],
+) -> None:
+    """Whatever the fast path accepts, the wire models accept too, with exactly the same context."""
+    from engine_hooks.sglang.context import _valid_fast, _validate_models
+
+    doc = json.loads(json.dumps(doc))  # NOTE: JSON's own types, as the parser sees them
+    fast = _valid_fast(doc, "lora")
+    if fast is None:
+        return
+    assert _validate_models(doc, "lora") == fast
+
+
+def test_the_fast_validation_takes_a_gateways_usual_context() -> None:
+    """A plain valid context (segments included) is accepted by the fast path, not left to the models."""
+    from engine_hooks.sglang.context import _valid_fast
+
+    token = _token(segments=[("system", 0, 3), ("evidence", 3, 9)])
+    payload = token.split(".")[1]
+    doc = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    fast = _valid_fast(doc, None)
+    assert fast is not None and fast == parse_context_token(KEY, token)
