@@ -255,8 +255,20 @@ def floor(evidence: int) -> list[tuple[str, float, int]]:
             ("queue the realization event", event, 1),
             ("invariant guard (round end, release)", lambda: tree.guard.check([], 0), 2),
         ]
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+        key = RadixKey(r.origin_input_ids, r.extra_key)
+        reference = [
+            (
+                "reference: SGLang's own exact match of the recipient",
+                lambda: UnifiedRadixCache._match_tree(tree, MatchPrefixParams(key=key)),
+                0,
+            ),  # fmt: skip
+        ]
         out = []
-        for label, fn, calls in ops:
+        for label, fn, calls in ops + reference:
             for _ in range(20):
                 fn()
             n = 200
@@ -282,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             ops = floor(ev)
             print(f"evidence {ev}: one realized recipient, each operation hot and alone (min of 5 runs)")
             for label, us, calls in ops:
-                print(f"  {us:8.1f} us x {calls}  {label}")
+                print(f"  {us:8.1f} us x {calls}  {label}" if calls else f"  {us:8.1f} us      ({label})")
             total = sum(us * calls for _, us, calls in ops)
             alloc = next(us for label, us, _ in ops if "allocate" in label)
             print(
