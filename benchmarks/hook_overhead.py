@@ -224,7 +224,7 @@ def floor(evidence: int) -> list[tuple[str, float, int]]:
         d_len, node = tree._donor_path(st.donor)
         root = tree.root_node_handle(st.donor.cache_key)
         pieces = __import__("engine_hooks.sglang.plan", fromlist=["plan_pieces"]).plan_pieces(
-            tree._spans(st.chosen), st.m0, st.limit0, d_len, tree.page_size
+            tree._spans(st.chosen, st), st.m0, st.limit0, d_len, tree.page_size
         )
         k = sum(p.length for p in pieces)
         rt, dt = _int64(r.origin_input_ids), _int64(st.donor.token_ids)
@@ -242,7 +242,7 @@ def floor(evidence: int) -> list[tuple[str, float, int]]:
             ("context token: verify, derive the tree key", lambda: tree.gov.context_of(token, None), 1),
             ("has donors of its scope (scope key)", lambda: tree.gov.has_donors(st.context, None), 1),
             ("donor liveness: SGLang's match of the donor", lambda: tree._donor_path(st.donor), 2),
-            ("plan the reusable run", lambda: tree._spans(st.chosen), 2),
+            ("plan the reusable run", lambda: tree._spans(st.chosen, st), 2),
             ("hold-back poll of a waiting request", lambda: tree.hold_back([r]), 5),
             ("pin and unpin the donor", lambda: tree.unlock(tree.lock(node)), 1),
             ("token check", lambda: np.array_equal(rt[: len(dt)], dt[: len(rt)]), 1),

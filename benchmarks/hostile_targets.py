@@ -619,6 +619,7 @@ class RecordsTarget(Target):
             "semgov.decision/v1": Schema.load("decision.schema.json"),
             "semgov.decision/v2": Schema.load("decision.schema.json"),
             "semgov.engine_event/v1": Schema.load("engine_event.schema.json"),
+            "semgov.engine_event/v2": Schema.load("engine_event.schema.json"),
         }
 
     def mutate(self, ch: Chooser) -> bytes:

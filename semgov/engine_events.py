@@ -1,8 +1,10 @@
 """Engine events: what a serving engine did with reuse, signed for the audit log.
 
-An engine hook emits one ``semgov.engine_event/v1`` record per KV realization (the decision
+An engine hook emits one ``semgov.engine_event/v2`` record per KV realization (the decision
 that allowed it, the tokens materialized, the KV-pool slots written), per realization that
-failed, per invariant violation it caught, and when it disables reuse. Records are signed
+failed, per invariant violation it caught, when it disables reuse, per canary comparison and
+when canaries turn shifted reuse off for a scope (v1 records, without the last two kinds, still
+verify). Records are signed
 exactly like decision records (Ed25519 over the RFC 8785 canonical JSON of the record without
 ``signature``) and share the audit log with them.
 """
@@ -102,10 +104,11 @@ def engine_event(
     spans: Sequence[Mapping[str, Any]] = (),
     detail: str = "",
 ) -> dict[str, Any]:
-    """A validated, unsigned ``semgov.engine_event/v1`` record as JSON data.
+    """A validated, unsigned ``semgov.engine_event/v2`` record as JSON data.
 
-    ``kind``: ``realization``, ``realization_failed``, ``invariant_violation`` or
-    ``reuse_disabled`` (checked here, like every other field).
+    ``kind``: ``realization``, ``realization_failed``, ``invariant_violation``,
+    ``reuse_disabled``, ``canary`` or ``shifted_reuse_disabled`` (checked here, like every other
+    field).
 
     ``slots`` are the KV-pool slot indices written, one per token, in order; they are stored
     compressed (:func:`slot_ranges`). ``spans`` are the realized ``{recipient_start,

@@ -31,7 +31,9 @@ DECISION_SCHEMA = "semgov.decision/v2"
 # NOTE: every decision schema semgov reads; v1 records (no realization plan) still verify.
 DECISION_SCHEMAS = ("semgov.decision/v1", DECISION_SCHEMA)
 POLICY_INPUT_SCHEMA = "semgov.policy_input/v1"
-ENGINE_EVENT_SCHEMA = "semgov.engine_event/v1"
+ENGINE_EVENT_SCHEMA = "semgov.engine_event/v2"
+# NOTE: every engine event schema semgov reads; v1 records (the four original kinds) still verify.
+ENGINE_EVENT_SCHEMAS = ("semgov.engine_event/v1", ENGINE_EVENT_SCHEMA)
 
 Role = Literal["system", "instruction", "evidence", "question", "other"]
 Hex64 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
@@ -316,7 +318,16 @@ class DecisionRecord(_Strict):
 
 # --- engine events -----------------------------------------------------------
 
-EngineEventKind = Literal["realization", "realization_failed", "invariant_violation", "reuse_disabled"]
+EngineEventKind = Literal[
+    "realization",
+    "realization_failed",
+    "invariant_violation",
+    "reuse_disabled",
+    "canary",
+    "shifted_reuse_disabled",
+]
+# The kinds a ``semgov.engine_event/v1`` record may have (v2 added the canary's two).
+V1_EVENT_KINDS = frozenset({"realization", "realization_failed", "invariant_violation", "reuse_disabled"})
 # A run of KV-pool slots: ``[start, length]`` (slots ``start .. start + length - 1``).
 # NOTE: the tuple itself is lax (JSON gives lists), its two integers stay strict.
 SlotRange = Annotated[
@@ -332,10 +343,14 @@ class EngineEvent(_Strict):
     kept, in the recipient's KV-pool ``slots``, for the realized ``spans``);
     ``realization_failed``: an allowed realization that did not happen; ``invariant_violation``:
     the engine caught itself about to break a semgov invariant; ``reuse_disabled``: the engine
-    turned semantic reuse off. ``detail`` says why.
+    turned semantic reuse off. ``detail`` says why. Since ``semgov.engine_event/v2``: ``canary``:
+    a realized request with shifted spans was replayed cold and compared (``materialized_tokens``:
+    the output tokens compared; ``detail``: match, or where they differ); ``shifted_reuse_disabled``:
+    canaries found more regressions than the budget for a task and response contract, and the
+    engine stopped copying shifted spans there (``detail`` names the scope).
     """
 
-    schema_: Literal["semgov.engine_event/v1"] = Field(alias="schema")
+    schema_: Literal["semgov.engine_event/v1", "semgov.engine_event/v2"] = Field(alias="schema")
     event_id: Id
     kind: EngineEventKind
     engine: Id
@@ -351,6 +366,12 @@ class EngineEvent(_Strict):
     signature: str
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _kind_by_version(self) -> EngineEvent:
+        if self.schema_ == "semgov.engine_event/v1" and self.kind not in V1_EVENT_KINDS:
+            raise ValueError(f"kind: a semgov.engine_event/v1 record cannot be {self.kind!r} (a v2 kind)")
+        return self
 
     @field_validator("at", mode="before")
     @classmethod

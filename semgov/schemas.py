@@ -14,7 +14,7 @@ SCHEMAS: dict[str, tuple[type[BaseModel], str, str]] = {
     "captured_request.schema.json": (CapturedRequest, "validation", "semgov.captured_request/v1"),
     "provenance.schema.json": (ProvenancePayload, "validation", "semgov.provenance/v1"),
     "decision.schema.json": (DecisionRecord, "serialization", "semgov.decision/v2"),
-    "engine_event.schema.json": (EngineEvent, "serialization", "semgov.engine_event/v1"),
+    "engine_event.schema.json": (EngineEvent, "serialization", "semgov.engine_event/v2"),
     "policy.schema.json": (Policy, "validation", "semgov policy.yaml"),
 }
 

@@ -118,19 +118,18 @@ def test_rehashed_event_edit_fails_its_signature(log: Path) -> None:
     assert any(p.index == 4 and p.message == "engine event signature does not verify" for p in rep.problems)
 
 
+KNOWN = "semgov.decision/v1, semgov.decision/v2, semgov.engine_event/v1, semgov.engine_event/v2"
+
+
 def test_unknown_schema_is_a_problem(log: Path) -> None:
     """A signed record of any other schema is named as neither a decision nor an engine event."""
     recs = bodies(log)
     other = {k: v for k, v in json.loads(recs[2]).items() if k not in ("key_id", "signature")}
-    other["schema"] = "semgov.engine_event/v2"
+    other["schema"] = "semgov.engine_event/v3"
     recs[2] = canonicalize({**other, "key_id": KEY.key_id, "signature": KEY.sign(canonicalize(other))})
     (log / LOG_FILE).write_bytes(b"".join(reframe(i, r) for i, r in enumerate(recs)))
     rep = verify_log(log, public_key=PUB, workers=1)
-    assert any(
-        p.index == 2
-        and p.message == "not a semgov.decision/v1, semgov.decision/v2 or semgov.engine_event/v1 record"
-        for p in rep.problems
-    )
+    assert any(p.index == 2 and p.message == f"not a {KNOWN} record" for p in rep.problems)
 
 
 def test_cli_show_lists_events(pristine: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -175,7 +174,7 @@ def test_cli_show_by_decision_id(pristine: Path, capsys: pytest.CaptureFixture[s
     rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [(r["index"], r["schema"]) for r in rows] == [
         (3, "semgov.decision/v2"),
-        (4, "semgov.engine_event/v1"),
+        (4, "semgov.engine_event/v2"),
     ]
 
 
@@ -183,7 +182,7 @@ def test_cli_stats_counts_schemas_and_kinds(pristine: Path, capsys: pytest.Captu
     """stats counts records by schema, decisions by outcome, events by kind and tokens materialized."""
     assert main(["audit", "stats", str(pristine), "--by", "day"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "11 records: semgov.decision/v2 6, semgov.engine_event/v1 5"
+    assert out[0] == "11 records: semgov.decision/v2 6, semgov.engine_event/v2 5"
     assert out[1] == "6 decisions: allow 4, deny 2"
     assert out[2] == (
         "5 engine events: realization 3, realization_failed 1, reuse_disabled 1 (1110 tokens materialized)"

@@ -1,4 +1,4 @@
-"""Engine events: slot runs, building, signing and verifying ``semgov.engine_event/v1`` records."""
+"""Engine events: slot runs, building, signing, verifying ``semgov.engine_event/v2`` records (v1 read too)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from semgov.audit.verify import record_problem
 from semgov.canonical import canonicalize
@@ -243,8 +244,9 @@ def test_not_an_event(keys: Keys) -> None:
     """Objects that are not engine events are refused before any crypto; the log names both schemas."""
     with pytest.raises(SignatureError, match="not an engine event"):
         verify_engine_event({"hello": 1}, keys.decision.public_key)
-    other = canonicalize({**_signed(keys).record, "schema": "semgov.engine_event/v2"})
-    expect = "not a semgov.decision/v1, semgov.decision/v2 or semgov.engine_event/v1 record"
+    other = canonicalize({**_signed(keys).record, "schema": "semgov.engine_event/v3"})
+    known = "semgov.decision/v1, semgov.decision/v2, semgov.engine_event/v1, semgov.engine_event/v2"
+    expect = f"not a {known} record"
     assert record_problem(other, keys.decision.public_key, keys.decision.key_id) == expect
     assert record_problem(b'{"schema":[]}', keys.decision.public_key, keys.decision.key_id) == expect
 
@@ -263,3 +265,23 @@ def test_committed_fixture_verifies() -> None:
     bad["slots"][0][1] -= 1
     with pytest.raises(SignatureError):
         verify_engine_event(bad, pub)
+
+
+@pytest.mark.parametrize("kind", ["canary", "shifted_reuse_disabled"])
+def test_canary_kinds_are_v2_only(keys: Keys, kind: str) -> None:
+    """The canary's kinds sign and verify as v2; a v1 record claiming one is refused, signature or not."""
+    signed = _signed(keys, kind=kind, materialized_tokens=8, slots=[], spans=[], detail="match: 8 tokens")
+    assert signed.record["schema"] == "semgov.engine_event/v2"
+    assert verify_engine_event(signed.record, keys.decision.public_key).kind == kind
+    unsigned = {k: v for k, v in signed.record.items() if k not in ("key_id", "signature")}
+    with pytest.raises(InputError, match="cannot be"):
+        sign_engine_event({**unsigned, "schema": "semgov.engine_event/v1"}, keys.decision)
+    with pytest.raises(ValidationError, match="a semgov.engine_event/v1 record cannot be"):
+        EngineEvent.model_validate({**signed.record, "schema": "semgov.engine_event/v1"})
+
+
+def test_v1_realizations_still_verify_as_v1(keys: Keys) -> None:
+    """A v1 record of an original kind (what logs written before v2 hold) verifies unchanged."""
+    v1 = {k: v for k, v in _event().items()} | {"schema": "semgov.engine_event/v1"}
+    signed = sign_engine_event(v1, keys.decision)
+    assert verify_engine_event(signed.record, keys.decision.public_key).schema_ == "semgov.engine_event/v1"

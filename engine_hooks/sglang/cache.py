@@ -87,6 +87,7 @@ from sglang.srt.mem_cache.common import evict_from_tree_cache
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
+from engine_hooks.sglang.canary import Canaries
 from engine_hooks.sglang.context import KEY_PREFIX, RequestContext, anonymous_cache_key
 from engine_hooks.sglang.governor import DonorSpec, Governor, LiveDonor, PendingDecision
 from engine_hooks.sglang.guard import InvariantGuard, InvariantViolation
@@ -148,6 +149,8 @@ class _State:
     regions: tuple[Region, ...] = ()  # approved runs past the front, still to realize (in order)
     region_deadline: float = 0.0  # past it, a request kept waiting for a chunk boundary gives them up
     regions_realized: int = 0
+    shifted: bool = False  # it received shifted KV (a canary may replay it cold)
+    canary: bool = False  # a canary's cold replay (engine_hooks.sglang.canary): no reuse, never a donor
 
 
 def _int64(tokens: Any) -> np.ndarray[Any, np.dtype[np.int64]]:
@@ -167,6 +170,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
     """``UnifiedRadixCache`` whose semantic reuse is decided by semgov (see the module docstring)."""
 
     gov: Governor | FollowerGovernor | None = None
+    canaries: Canaries | None = None
 
     def attach(
         self,
@@ -175,10 +179,12 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         rope: RopeSpec | None,
         strict: bool,
         tp: TpLink | None = None,
+        canaries: Canaries | None = None,
     ) -> None:
         """Turn governance on (called once by the backend factory, after SGLang built the tree; with
         tensor parallelism on every rank, rank 0 with the :class:`Governor`, see :mod:`.tp`)."""
         self.gov = governor
+        self.canaries = canaries
         self.rope = rope
         self.strict = strict
         self.tp = tp
@@ -235,19 +241,29 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         serial = next(self._serials)
         ctx: RequestContext | None = None
         salt: str | None = None
+        canary = False
         try:
             sent, lora = req.extra_key, getattr(req, "lora_id", None)
             raw_salt = getattr(req, "cache_salt", None) or None
             salt = raw_salt if isinstance(raw_salt, str) else None
             key = self.gov.context_key
-            ctx = self.gov.context_of(sent, lora)
-            derived = (
-                ctx.cache_key(key, salt) if ctx is not None else anonymous_cache_key(key, sent, lora, salt)
-            )
+            if self.canaries is not None and self.canaries.marker.verify(sent):
+                # NOTE: this hook's own cold replay: a tree key of its own (no exact-prefix hit, nothing
+                # shared), no context (no semantic reuse, never a donor).
+                canary, derived = True, f"{KEY_PREFIX}canary:{self.boot}-{serial}"
+            else:
+                ctx = self.gov.context_of(sent, lora)
+                derived = (
+                    ctx.cache_key(key, salt)
+                    if ctx is not None
+                    else anonymous_cache_key(key, sent, lora, salt)
+                )
         except Exception as e:  # noqa: BLE001 - a key that cannot be derived shares nothing
             self._hook_error("context", None, e)
             ctx, derived = None, f"{KEY_PREFIX}anon:isolated:{self.boot}-{serial}"
-        st = _State(serial, request_label(req.rid), ctx, derived, salt)
+        st = _State(serial, request_label(req.rid), ctx, derived, salt, canary=canary)
+        if canary:
+            req.skip_radix_cache_insert = True  # NOTE: a replay's KV is nobody's prefix
         setattr(req, _STATE_ATTR, st)
         self.reqs[serial] = req
         # NOTE: isolation by the cache key: whatever the caller sent, the exact tree is keyed
@@ -332,8 +348,8 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         self._collect(st)
         if st.chosen is None:
             return result
-        k = planned_tokens(self._spans(st.chosen), m, limit, st.donor_len, self.page_size)
-        st.regions = self._regions(st.chosen, m + k, limit, st.donor_len)
+        k = planned_tokens(self._spans(st.chosen, st), m, limit, st.donor_len, self.page_size)
+        st.regions = self._regions(st.chosen, st, m + k, limit, st.donor_len)
         if k == 0:
             return result
         return result._replace(
@@ -414,11 +430,22 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             self.stats["retractions"] += 1
             return
         self.reqs.pop(st.serial, None)
+        aborted = isinstance(req.finished_reason, FINISH_ABORT)
+        if self.canaries is not None and st.shifted and st.context is not None and not aborted:
+            dec = st.chosen
+            self.canaries.offer(
+                req,
+                request_id=st.label,
+                decision_id=str(dec.record["decision_id"]) if dec is not None else None,
+                donor_id=st.donor.donor_id if st.donor is not None else None,
+                task=st.context.task,
+                contract=st.context.response_contract,
+            )
         if (
             checkpointed
             and st.context is not None
             and not st.recipient
-            and not isinstance(req.finished_reason, FINISH_ABORT)
+            and not aborted
             and self.reuse_disabled is None
         ):
             self.gov.submit_donor(
@@ -512,8 +539,8 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             if d_len == 0:
                 self.gov.drop_donor(entry.donor_id)  # evicted: nothing left to reuse
                 continue
-            k = planned_tokens(self._spans(dec), st.m0, st.limit0, d_len, self.page_size)
-            k += sum(r.length for r in self._regions(dec, st.m0 + k, st.limit0, d_len))
+            k = planned_tokens(self._spans(dec, st), st.m0, st.limit0, d_len, self.page_size)
+            k += sum(r.length for r in self._regions(dec, st, st.m0 + k, st.limit0, d_len))
             if k > best:
                 best, chosen, donor, donor_len = k, dec, entry, d_len
         durable = (
@@ -548,21 +575,32 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             st.durable = st.durable or c.durable
             st.deadline = self._clock() + self.gov.settings.audit_wait_ms / 1000
 
-    def _spans(self, dec: SignedDecision) -> list[Any]:
+    def _spans(self, dec: SignedDecision, st: _State) -> list[Any]:
         """What of a decision's approved spans is copied: all of it, less each span's leading tokens
         the record plans to recompute and, of shifted spans, at least the share the settings
-        recompute (``SEMGOV_SHIFTED_RECOMPUTE_PCT``)."""
+        recompute (``SEMGOV_SHIFTED_RECOMPUTE_PCT``); no shifted span where canaries turned shifted
+        reuse off for the request's task and contract."""
         assert self.gov is not None
-        return recompute_leading(dec.approved_spans, self.gov.settings.shifted_recompute_pct / 100)
+        spans = dec.approved_spans
+        ctx = st.context
+        if (
+            self.canaries is not None
+            and ctx is not None
+            and self.canaries.off_for(ctx.task, ctx.response_contract)
+        ):
+            spans = [s for s in spans if s["kind"] != "shifted"]
+        return recompute_leading(spans, self.gov.settings.shifted_recompute_pct / 100)
 
-    def _regions(self, dec: SignedDecision, start: int, limit: int, donor_len: int) -> tuple[Region, ...]:
+    def _regions(
+        self, dec: SignedDecision, st: _State, start: int, limit: int, donor_len: int
+    ) -> tuple[Region, ...]:
         assert self.gov is not None
         cfg = self.gov.settings
         if cfg.max_regions == 0:
             return ()
         return tuple(
             plan_regions(
-                self._spans(dec),
+                self._spans(dec, st),
                 start,
                 limit,
                 donor_len,
@@ -585,6 +623,8 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         if self.gov is None or self.reuse_disabled is not None:
             return []
         t0 = time.perf_counter_ns()
+        if self.canaries is not None and waiting:
+            self.canaries.busy()  # NOTE: requests are waiting: no canary replay for a while
         if self.tp is None:
             try:
                 self.gov.drain_donors()
@@ -670,7 +710,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         err: BaseException | None = None
         pieces: list[Piece] = []
         try:
-            pieces = plan_pieces(self._spans(st.chosen), m, limit, st.donor_len, self.page_size)
+            pieces = plan_pieces(self._spans(st.chosen, st), m, limit, st.donor_len, self.page_size)
             k = sum(p.length for p in pieces)
             if k == 0 or k != req.host_hit_length:
                 raise RealizationError(f"planned {k} tokens, admission promised {req.host_hit_length}")
@@ -754,6 +794,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         assert self.gov is not None and st.donor is not None
         k = int(slots.numel())
         st.recipient = True
+        st.shifted = st.shifted or any(p.shift for p in pieces)
         st.realizations += 1
         req.skip_radix_cache_insert = True
         self.stats["realizations"] += 1

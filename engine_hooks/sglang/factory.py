@@ -98,9 +98,64 @@ def build_governed_cache(ctx: Any, settings: HookSettings | None = None) -> Any:
         governor = FollowerGovernor.from_settings(settings)
     if tp is not None:
         get_logger().info(f"semgov radix cache: tensor-parallel rank {tp.rank} of {tp.size}")
+    canaries = None
+    if settings.canary_rate > 0:
+        if tp is not None:
+            raise HookConfigError(
+                "SEMGOV_CANARY_RATE is set but --tp-size is above 1: canaries are not supported with "
+                "tensor parallelism (unset SEMGOV_CANARY_RATE)"
+            )
+        assert isinstance(governor, Governor)
+        canaries = build_canaries(settings, governor, server_args)
     cache = create_unified_radix_cache(ctx, cache_class=GovernedRadixCache)
     # NOTE: realization copies run on the stream current at admission (the scheduler's
     # schedule stream): without overlap the forward runs on it, with overlap the forward
     # stream waits on it before every launch.
-    cache.attach(governor, rope=rope, strict=settings.strict, tp=tp)
+    cache.attach(governor, rope=rope, strict=settings.strict, tp=tp, canaries=canaries)
     return cache
+
+
+def build_canaries(settings: HookSettings, governor: Any, server_args: Any) -> Any:
+    """The hook's canaries (``SEMGOV_CANARY_*``): replays go to this server's own ``/generate``."""
+    from engine_hooks.sglang.canary import STATE_FILE, Canaries, CanarySettings, http_replay
+    from semgov._internal.timefmt import rfc3339
+
+    host = str(getattr(server_args, "host", None) or "127.0.0.1")
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    port = int(server_args.port)
+    api_key = getattr(server_args, "api_key", None) or None
+
+    return Canaries(
+        CanarySettings(
+            rate=settings.canary_rate,
+            tokens=settings.canary_tokens,
+            budget=settings.canary_budget,
+            queue=settings.canary_queue,
+            timeout_s=float(settings.canary_timeout_s),
+            idle_ms=settings.canary_idle_ms,
+        ),
+        revision=governor.policy.revision,
+        replay=http_replay(host, port, api_key, float(settings.canary_timeout_s)),
+        audit=canary_audit(governor),
+        state_path=settings.audit_dir / STATE_FILE,
+        clock=lambda: rfc3339(governor.clock()),
+    )
+
+
+def canary_audit(governor: Any) -> Any:
+    """Canary events as engine events, queued on the governor like every other (signed off-thread)."""
+    from engine_hooks.sglang.canary import CanaryEvent
+
+    def audit(ev: CanaryEvent) -> None:
+        c = ev.canary
+        governor.event(
+            ev.kind,
+            request_id=c.request_id if c is not None else None,
+            decision_id=c.decision_id if c is not None else None,
+            donor_id=c.donor_id if c is not None else None,
+            materialized_tokens=ev.compared,
+            detail=ev.detail,
+        )
+
+    return audit

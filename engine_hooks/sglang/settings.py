@@ -82,6 +82,20 @@ class HookSettings:
     context_key_previous: Path | None = None
     """The gateway's previous HMAC key, accepted for context tokens during a key rotation's grace period
     (scopes and tree keys are always derived from ``SEMGOV_CONTEXT_KEY``)."""
+    canary_rate: float = 0.0
+    """Share of finished requests that received shifted KV and were decoded greedily that are replayed
+    cold on this server when it is idle and compared (:mod:`engine_hooks.sglang.canary`); 0: off."""
+    canary_tokens: int = 16
+    """Output tokens a canary compares (the replay decodes exactly as many of the warm output)."""
+    canary_budget: int = 0
+    """Canary regressions tolerated per task and response contract; one more turns shifted reuse off
+    there (until another policy revision is deployed)."""
+    canary_queue: int = 16
+    """Canaries waiting for an idle moment; more are dropped (counted)."""
+    canary_idle_ms: int = 200
+    """A canary is sent only when no prefill round has seen a waiting request for this long."""
+    canary_timeout_s: int = 300
+    """How long a canary's replay may take before it counts as failed (neither match nor regression)."""
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -125,6 +139,18 @@ class HookSettings:
         def optional_path(name: str) -> Path | None:
             return path(name) if e.get(name, "").strip() else None
 
+        def share(name: str) -> float:
+            v = e.get(name, "").strip()
+            if not v:
+                return 0.0
+            try:
+                x = float(v)
+            except ValueError:
+                raise HookConfigError(f"{name}={v!r}: not a number") from None
+            if not 0.0 <= x <= 1.0:  # NOTE: also refuses nan
+                raise HookConfigError(f"{name}={v}: must be between 0 and 1 (a share of requests)")
+            return x
+
         audit = e.get("SEMGOV_AUDIT_DIR", "").strip()
         if not audit:
             raise HookConfigError("SEMGOV_AUDIT_DIR is not set: every decision and realization is audited")
@@ -152,6 +178,12 @@ class HookSettings:
             shifted_recompute_pct=integer("SEMGOV_SHIFTED_RECOMPUTE_PCT", 0, 0, 100),
             audit_keyring=optional_path("SEMGOV_AUDIT_KEYRING"),
             context_key_previous=optional_path("SEMGOV_CONTEXT_KEY_PREVIOUS"),
+            canary_rate=share("SEMGOV_CANARY_RATE"),
+            canary_tokens=integer("SEMGOV_CANARY_TOKENS", 16, 1, 4096),
+            canary_budget=integer("SEMGOV_CANARY_BUDGET", 0, 0, 1 << 20),
+            canary_queue=integer("SEMGOV_CANARY_QUEUE", 16, 1, 4096),
+            canary_idle_ms=integer("SEMGOV_CANARY_IDLE_MS", 200, 0, 600_000),
+            canary_timeout_s=integer("SEMGOV_CANARY_TIMEOUT_S", 300, 1, 86_400),
         )
 
 

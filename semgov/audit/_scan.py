@@ -24,15 +24,18 @@ from semgov.audit.merkle import leaf_hash
 from semgov.audit.note import NoteError, open_note, unverified_checkpoint
 from semgov.audit.store import FRAME_HEADER, MAX_RECORD_BYTES, SEAL_FLAG
 from semgov.canonical import canonicalize_record
-from semgov.models import DECISION_SCHEMAS, ENGINE_EVENT_SCHEMA
+from semgov.models import DECISION_SCHEMAS, ENGINE_EVENT_SCHEMAS
 
 _INDEX = struct.Struct(">Q")
 _SIGNED = {
     **dict.fromkeys(DECISION_SCHEMAS, "decision"),
-    ENGINE_EVENT_SCHEMA: "engine event",
+    **dict.fromkeys(ENGINE_EVENT_SCHEMAS, "engine event"),
 }  # schema -> what
 # NOTE: the id field, not the schema, keys uniqueness: a v1 and a v2 decision with one id repeat it.
-_ID_FIELD = {**dict.fromkeys(DECISION_SCHEMAS, "decision_id"), ENGINE_EVENT_SCHEMA: "event_id"}
+_ID_FIELD = {
+    **dict.fromkeys(DECISION_SCHEMAS, "decision_id"),
+    **dict.fromkeys(ENGINE_EVENT_SCHEMAS, "event_id"),
+}
 
 #: (key id, raw Ed25519 public key) of every keyring key, as shipped to a worker; None: structure only.
 WireKeys = tuple[tuple[str, bytes], ...] | None
@@ -85,7 +88,7 @@ def inspect_record(
     schema = rec.get("schema") if isinstance(rec, dict) else None
     what = _SIGNED.get(schema) if isinstance(schema, str) else None
     if what is None or not isinstance(schema, str):
-        return f"not a {', '.join(DECISION_SCHEMAS)} or {ENGINE_EVENT_SCHEMA} record", None, None
+        return f"not a {', '.join((*DECISION_SCHEMAS, *ENGINE_EVENT_SCHEMAS))} record", None, None
     rid = record_id(rec)
     idh = id_hash(schema, rid[1]) if rid is not None else None
     sig = rec.get("signature")

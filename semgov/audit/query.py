@@ -14,12 +14,12 @@ from datetime import datetime
 from typing import Any
 
 from semgov._internal.timefmt import parse_rfc3339
-from semgov.models import ENGINE_EVENT_SCHEMA
+from semgov.models import ENGINE_EVENT_SCHEMAS
 
 
 def is_event(rec: dict[str, Any]) -> bool:
     """True for an engine event, False for a decision record."""
-    return rec.get("schema") == ENGINE_EVENT_SCHEMA
+    return rec.get("schema") in ENGINE_EVENT_SCHEMAS
 
 
 def gates_of(rec: dict[str, Any]) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ from semgov.audit.store import AuditLogError, iter_records
 from semgov.audit.verify import Report, make_bundle, read_bundle, verify_bundle, verify_log
 from semgov.errors import InputError
 from semgov.keys import load_public_key
-from semgov.models import ENGINE_EVENT_SCHEMA, GATES, EngineEventKind
+from semgov.models import ENGINE_EVENT_SCHEMAS, GATES, EngineEventKind
 
 DEFAULT_DIR = Path("audit/log")
 
@@ -360,7 +360,7 @@ def run_verify_proof(args: argparse.Namespace) -> int:
         log.get_logger().error(f"{args.bundle}: proof does NOT verify: {e}")
         return 1
     where = f"record {bundle['index']} of the log at size {bundle['tree_size']}"
-    if rec.get("schema") == ENGINE_EVENT_SCHEMA:
+    if rec.get("schema") in ENGINE_EVENT_SCHEMAS:
         what = f"{rec.get('kind')}, request {rec.get('request_id')}, decision {rec.get('decision_id')}"
         print(f"OK: engine event {rec.get('event_id')} ({what}) is {where}")
         return 0

@@ -237,7 +237,7 @@ def test_non_strict_guard_disables_reuse_and_serving_continues_cold(
     assert h.tree.stats["decisions"] == decisions and h.tree.pins == 0
     assert h.tree.reuse_disabled is not None
 
-    events = [r for r in h.records() if r["schema"] == "semgov.engine_event/v1"]
+    events = [r for r in h.records() if r["schema"] == "semgov.engine_event/v2"]
     kinds = [r["kind"] for r in events]
     assert kinds.count("reuse_disabled") == 1
     first = kinds.index("invariant_violation")

@@ -58,7 +58,7 @@ def test_allow_realizes_the_shifted_evidence_into_recipient_slots(
     _check_copied(h, rcp, S_LEN, E_LEN)
     h.finish(rcp)
     h.assert_clean()
-    kinds = [r.get("kind") for r in h.records() if r["schema"] == "semgov.engine_event/v1"]
+    kinds = [r.get("kind") for r in h.records() if r["schema"] == "semgov.engine_event/v2"]
     assert kinds == ["realization"]
     assert h.tree.gov.donor(h.tree.donor_id(state_of(rcp))) is None  # a recipient never becomes a donor
 

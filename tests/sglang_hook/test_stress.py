@@ -391,7 +391,7 @@ def test_randomized_scheduler_run_keeps_every_invariant(
     assert h.allocator.available_size() == h.size
     elapsed = time.perf_counter() - t0
     stats = dict(h.tree.stats)
-    events = Counter(r.get("kind") for r in h.records() if r["schema"] == "semgov.engine_event/v1")
+    events = Counter(r.get("kind") for r in h.records() if r["schema"] == "semgov.engine_event/v2")
     print(
         f"\npage_size={page_size} steps={STEPS} seconds={elapsed:.1f} "
         f"realizations={stats['realizations']} realized_tokens={stats['realized_tokens']} "

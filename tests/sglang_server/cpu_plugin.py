@@ -22,6 +22,11 @@ server's ``PYTHONPATH``; SGLang runs it in the launcher, the scheduler and the d
   from queueing its decision to taking it and to letting it through, for the benchmarks.
 - With ``SEMGOV_RIG_TP_FOLLOWER_FORGETS=1``, tensor-parallel ranks other than 0 forget finished
   requests (a fault: the leader's registry can no longer be replayed there).
+- With ``SEMGOV_RIG_DEGRADE_TASK=ID``, every realization for a request of that task id is
+  degraded right after it is copied: the realized slots' values are overwritten with a large
+  constant in every layer (a fault for the canary test: a realization that changes answers, as a
+  bad re-rotation or copy would; zeros were not enough for a random one-layer model, whose tied
+  embeddings dominate its logits).
 - :func:`permissive_minhash` is the rig's candidate provider (``SEMGOV_PROVIDER``).
 """
 
@@ -57,6 +62,30 @@ def register() -> None:
         _install_sched_log(Path(sched_log))
     if os.environ.get("SEMGOV_RIG_TP_FOLLOWER_FORGETS") == "1":
         _install_follower_forgets()
+    degrade = os.environ.get("SEMGOV_RIG_DEGRADE_TASK", "").strip()
+    if degrade:
+        _install_degrade(degrade)
+
+
+def _install_degrade(task_id: str) -> None:
+    """Overwrite the realized slots' values (every layer) of realizations for requests of ``task_id``."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    def after_realized(
+        result: Any, cache: Any, st: Any, req: Any, slots: Any, pieces: Any, decision_id: str, where: str
+    ) -> Any:
+        if st.context is not None and st.context.task.get("id") == task_id:
+            import torch
+
+            pool = cache.kv_pool
+            s = slots.to(torch.int64).to(pool.device)
+            for layer in range(pool.start_layer, pool.start_layer + pool.layer_num):
+                pool.get_value_buffer(layer)[s] = 100.0
+        return result
+
+    HookRegistry.register(
+        "engine_hooks.sglang.cache.GovernedRadixCache._realized", after_realized, HookType.AFTER
+    )
 
 
 def _install_follower_forgets() -> None:

@@ -42,6 +42,11 @@ TINY_MODEL = ROOT / "engine_hooks" / "sglang" / "tiny_model"
 SMOLLM2_ARCH = ROOT / "tests" / "sglang_server" / "smollm2_arch"
 # The tiny Llama with llama3-scaled RoPE (factor 8 past 1,024 positions): scaled re-rotation.
 TINY_LLAMA3_ROPE = ROOT / "tests" / "sglang_server" / "tiny_llama3_rope"
+# A one-layer tiny Llama: layer 0's K/V of a token depend on the token and its position only, so a
+# re-rotated shifted span is exactly (to float rounding) what a cold prefill computes: the canary
+# test's healthy scope then matches cold, and only a degraded realization regresses.
+TINY_1LAYER = ROOT / "tests" / "sglang_server" / "tiny_1layer"
+CANARY_DEGRADED_TASK = "degraded-task"
 RIG_POLICY = ROOT / "tests" / "sglang_server" / "policy"
 STUBS = ROOT / "tests" / "sglang_hook" / "stubs"
 PLUGIN_MODULE = "tests.sglang_server.cpu_plugin"
@@ -153,6 +158,20 @@ def server_configs(device: str = "cpu") -> dict[str, ServerConfig]:
                 "SGLANG_CPU_OMP_THREADS_BIND": "0|1",
                 "OMP_NUM_THREADS": "1",
                 "SEMGOV_RIG_TP_FOLLOWER_FORGETS": "1",
+            },
+        ),
+        "canary": replace(
+            base,
+            model=TINY_1LAYER,
+            page_size=1,
+            overlap=True,
+            chunked_prefill_size=1024,
+            hook_env={
+                "SEMGOV_CANARY_RATE": "1",
+                "SEMGOV_CANARY_TOKENS": "8",
+                "SEMGOV_CANARY_BUDGET": "0",
+                "SEMGOV_CANARY_IDLE_MS": "100",
+                "SEMGOV_RIG_DEGRADE_TASK": CANARY_DEGRADED_TASK,
             },
         ),
         "pressure": replace(
@@ -586,6 +605,7 @@ class AuditSummary:
     realizations: list[dict[str, Any]] = field(default_factory=list)
     failed: list[dict[str, Any]] = field(default_factory=list)
     violations: list[dict[str, Any]] = field(default_factory=list)
+    canaries: list[dict[str, Any]] = field(default_factory=list)  # canary and shifted_reuse_disabled
     counts: dict[str, int] = field(default_factory=dict)
 
     def allowed(self, rid: str) -> int:
@@ -602,7 +622,7 @@ def summarize(records: list[dict[str, Any]]) -> AuditSummary:
         if schema == "semgov.decision/v2":
             s.decisions.setdefault(str(r["request_id"]), []).append(r)
             key = f"decision:{r['decision']}"
-        elif schema == "semgov.engine_event/v1":
+        elif schema in ("semgov.engine_event/v1", "semgov.engine_event/v2"):
             kind = str(r["kind"])
             key = f"event:{kind}"
             if kind == "realization":
@@ -613,6 +633,8 @@ def summarize(records: list[dict[str, Any]]) -> AuditSummary:
                 s.failed.append(r)
             elif kind in ("invariant_violation", "reuse_disabled"):
                 s.violations.append(r)
+            elif kind in ("canary", "shifted_reuse_disabled"):
+                s.canaries.append(r)
         else:
             key = f"other:{schema}"
         s.counts[key] = s.counts.get(key, 0) + 1

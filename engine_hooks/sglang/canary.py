@@ -1,0 +1,524 @@
+"""Canaries: a sample of realized shifted reuses is replayed cold and compared, per scope.
+
+A shifted span's KV was computed behind another prefix; re-rotated and partly recomputed it is
+close to a cold prefill, not equal, and on some models and tasks that changes answers (issue 14;
+``benchmarks/recompute_quality.py``). Calibration (``semgov calibrate``) measures that before
+deployment; canaries keep measuring it in production:
+
+1. When a request that received shifted KV finishes normally and was decoded plainly greedily
+   (:func:`plain_greedy`: top-k 1, no penalties, grammars, biases or custom processors), it is
+   sampled with probability ``SEMGOV_CANARY_RATE``: its prompt and first ``SEMGOV_CANARY_TOKENS``
+   output tokens are queued (:meth:`CanaryBook.offer`, scheduler thread, O(1), bounded queue).
+2. The runner thread (:class:`CanaryRunner`) sends one queued canary at a time to the server's own
+   ``/generate`` when the scheduler saw no waiting request for a while (idle enough): the same
+   prompt, greedy, exactly as many tokens, ``ignore_eos``. Its ``extra_key`` is a canary marker
+   (:class:`CanaryMarker`, a MAC under a per-boot secret no client holds), so the hook gives it
+   an exact-prefix key of its own (no cache hit: a cold prefill), no semantic reuse, and never
+   makes it a donor.
+3. The cold tokens are compared with the warm ones. Per scope, the request's (task, response
+   contract), the book counts canaries and regressions; once regressions exceed
+   ``SEMGOV_CANARY_BUDGET``, shifted reuse is off for that scope: the hook copies only approved
+   prefix spans there (the signed decisions are unchanged; realizations say what was copied).
+
+Every comparison is audited (engine event ``canary``) and so is a scope turned off
+(``shifted_reuse_disabled``). The disabled scopes are kept in ``canary-state.json`` in the audit
+directory with the policy revision they were found under: a restart keeps them; deploying another
+policy revision (recalibrated, or forbidding shifted reuse there) clears them. That is how the
+switch is reversed: by policy, never by a client or a restart.
+
+Cost: each canary is one cold prefill of the prompt plus ``SEMGOV_CANARY_TOKENS`` decode steps on
+the server, sent only when idle, one at a time; the scheduler thread only samples and queues.
+Off by default (``SEMGOV_CANARY_RATE=0``). Not with tensor parallelism (every rank would have to
+agree on the disabled scopes; refused at build).
+
+NOTE: :class:`CanaryBook` is pure bookkeeping (no I/O, no threads): it queues what the caller
+drains (``take_events``), as vLLM's block pool queues KV events.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import hmac
+import http.client
+import json
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from semgov._internal.log import get_logger
+
+CANARY_PREFIX = "semgov-canary:"
+STATE_FILE = "canary-state.json"
+STATE_SCHEMA = "semgov.canary_state/v1"
+
+
+@dataclass(frozen=True, slots=True)
+class CanarySettings:
+    """``SEMGOV_CANARY_*``: the sampling rate (0: off), tokens compared, regressions tolerated per
+    scope, queue bound, the replay's timeout and how long the scheduler must have had no waiting
+    request before a replay is sent."""
+
+    rate: float = 0.0
+    tokens: int = 16
+    budget: int = 0
+    queue: int = 16
+    timeout_s: float = 300.0
+    idle_ms: int = 200
+
+
+Scope = tuple[str, str, str, str]
+"""A canary scope: task id, task version, response contract id, contract schema hash."""
+
+
+def scope_of(task: dict[str, str], contract: dict[str, str]) -> Scope:
+    return (task["id"], task["version"], contract["id"], contract["schema_sha256"])
+
+
+def describe(scope: Scope) -> str:
+    """A scope for a log line or an event's detail (JSON: no two scopes print alike)."""
+    return json.dumps(
+        {
+            "task": {"id": scope[0], "version": scope[1]},
+            "response_contract": {"id": scope[2], "schema_sha256": scope[3]},
+        },
+        sort_keys=True,
+    )
+
+
+def plain_greedy(req: Any) -> bool:
+    """Whether SGLang decodes ``req`` with plain greedy sampling, so a cold replay with the same
+    prompt must give the same tokens: top-k 1 (SGLang's form of temperature 0), one sequence, no
+    penalties, grammar, logit bias, custom parameters or processor. Never raises."""
+    try:
+        sp = req.sampling_params
+        return (
+            int(sp.top_k) == 1
+            and int(getattr(sp, "n", 1) or 1) == 1
+            and getattr(sp, "beam_width", None) in (None, 1)
+            and float(sp.frequency_penalty) == 0.0
+            and float(sp.presence_penalty) == 0.0
+            and float(sp.repetition_penalty) == 1.0
+            and int(getattr(sp, "min_new_tokens", 0) or 0) == 0
+            and not (sp.json_schema or sp.regex or sp.ebnf or getattr(sp, "structural_tag", None))
+            and not getattr(sp, "logit_bias", None)
+            and not getattr(sp, "custom_params", None)
+            and getattr(req, "custom_logit_processor", None) is None
+        )
+    except Exception:  # noqa: BLE001 - an unknown request shape is not a canary
+        return False
+
+
+class CanaryMarker:
+    """The ``extra_key`` of a canary replay: ``semgov-canary:<n>.<MAC>`` under a secret drawn at boot.
+
+    NOTE: only this process can mint one; a client sending a look-alike gets an ordinary request
+    (its key is then an anonymous one, :func:`engine_hooks.sglang.context.anonymous_cache_key`).
+    """
+
+    def __init__(self, secret: bytes | None = None) -> None:
+        self._secret = secret if secret is not None else secrets.token_bytes(32)
+
+    def _mac(self, n: str) -> str:
+        return hmac.new(self._secret, n.encode("ascii"), hashlib.sha256).hexdigest()[:32]
+
+    def token(self, n: int) -> str:
+        return f"{CANARY_PREFIX}{n}.{self._mac(str(n))}"
+
+    def verify(self, extra_key: object) -> bool:
+        """Whether ``extra_key`` is exactly a marker this process minted (never raises)."""
+        if type(extra_key) is not str or not extra_key.startswith(CANARY_PREFIX) or len(extra_key) > 128:
+            return False
+        n, _, mac = extra_key[len(CANARY_PREFIX) :].partition(".")
+        if not n.isdigit() or not n.isascii() or len(mac) != 32:
+            return False
+        return hmac.compare_digest(mac, self._mac(n))
+
+
+@dataclass(frozen=True, slots=True)
+class Canary:
+    """One sampled realization: what to replay and what it must give back."""
+
+    request_id: str
+    decision_id: str | None
+    donor_id: str | None
+    scope: Scope
+    input_ids: tuple[int, ...]
+    warm: tuple[int, ...]  # the request's first output tokens (at most SEMGOV_CANARY_TOKENS)
+
+
+@dataclass(slots=True)
+class ScopeCount:
+    canaries: int = 0
+    regressions: int = 0
+    disabled_at: str | None = None  # RFC 3339, when shifted reuse went off here
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryEvent:
+    """An engine event the caller audits: ``canary`` (one comparison) or ``shifted_reuse_disabled``."""
+
+    kind: str
+    canary: Canary | None
+    detail: str
+    compared: int = 0
+
+
+def compare(warm: Sequence[int], cold: Sequence[int]) -> int | None:
+    """The first position where the cold replay differs from the warm output, or None when the
+    replay gave back exactly the warm tokens (a replay that is too short differs where it ends)."""
+    for i, w in enumerate(warm):
+        if i >= len(cold) or int(cold[i]) != int(w):
+            return i
+    return None
+
+
+@dataclass
+class CanaryBook:
+    """Pure bookkeeping of the canaries: queue, per-scope counts, disabled scopes, events to audit.
+
+    NOTE: invariants: a scope, once disabled, stays disabled for this policy revision; ``disabled``
+    is replaced, never mutated, so the scheduler thread reads it without a lock; ``offer`` never
+    blocks and drops (counted) when the queue is full.
+    """
+
+    settings: CanarySettings
+    revision: str
+    counts: dict[Scope, ScopeCount] = field(default_factory=dict)
+    disabled: frozenset[Scope] = frozenset()
+    dropped: int = 0
+    _queue: collections.deque[Canary] = field(default_factory=collections.deque)
+    _events: list[CanaryEvent] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def offer(self, canary: Canary) -> bool:
+        """Queue a sampled realization (scheduler thread); False when dropped (queue full, or shifted
+        reuse already off for its scope)."""
+        with self._lock:
+            if canary.scope in self.disabled:
+                return False
+            if len(self._queue) >= self.settings.queue:
+                self.dropped += 1
+                return False
+            self._queue.append(canary)
+            return True
+
+    def next(self) -> Canary | None:
+        with self._lock:
+            return self._queue.popleft() if self._queue else None
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def record(self, canary: Canary, cold: Sequence[int] | None, error: str | None, at: str) -> bool:
+        """Record one replay's outcome; True when it turned shifted reuse off for the scope. A replay
+        that failed (``error``) is audited and counts neither way."""
+        with self._lock:
+            if error is not None or cold is None:
+                self._events.append(CanaryEvent("canary", canary, f"replay failed: {error}"))
+                return False
+            count = self.counts.setdefault(canary.scope, ScopeCount())
+            count.canaries += 1
+            at_token = compare(canary.warm, cold)
+            if at_token is None:
+                self._events.append(
+                    CanaryEvent("canary", canary, f"match: {len(canary.warm)} tokens", len(canary.warm))
+                )
+                return False
+            count.regressions += 1
+            warm_tok = canary.warm[at_token]
+            cold_tok = int(cold[at_token]) if at_token < len(cold) else None
+            self._events.append(
+                CanaryEvent(
+                    "canary",
+                    canary,
+                    f"regression at output token {at_token}: warm {warm_tok}, cold {cold_tok}",
+                    len(canary.warm),
+                )
+            )
+            if count.regressions <= self.settings.budget or canary.scope in self.disabled:
+                return False
+            count.disabled_at = at
+            self.disabled = self.disabled | {canary.scope}
+            self._queue = collections.deque(c for c in self._queue if c.scope != canary.scope)
+            self._events.append(
+                CanaryEvent(
+                    "shifted_reuse_disabled",
+                    canary,
+                    f"shifted reuse off for {describe(canary.scope)}: {count.regressions} regressions in "
+                    f"{count.canaries} canaries, budget {self.settings.budget}, "
+                    f"policy revision {self.revision}",
+                )
+            )
+            return True
+
+    def take_events(self) -> list[CanaryEvent]:
+        with self._lock:
+            out, self._events = self._events, []
+            return out
+
+    # ---- persistence (the caller does the I/O) ------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """The disabled scopes and their counts, with the policy revision (``canary-state.json``)."""
+        with self._lock:
+            scopes = [
+                {
+                    "task": {"id": s[0], "version": s[1]},
+                    "response_contract": {"id": s[2], "schema_sha256": s[3]},
+                    "canaries": c.canaries,
+                    "regressions": c.regressions,
+                    "disabled_at": c.disabled_at,
+                }
+                for s, c in sorted(self.counts.items())
+                if s in self.disabled
+            ]
+        return {"schema": STATE_SCHEMA, "policy_revision": self.revision, "disabled": scopes}
+
+    def restore(self, state: object) -> str:
+        """Take the disabled scopes of a state written under this policy revision; say what happened."""
+        if not isinstance(state, dict) or state.get("schema") != STATE_SCHEMA:
+            return "not a canary state file: ignored"
+        if state.get("policy_revision") != self.revision:
+            return (
+                f"written under policy revision {state.get('policy_revision')!r}: cleared by the new revision"
+            )
+        scopes: set[Scope] = set()
+        counts: dict[Scope, ScopeCount] = {}
+        for item in state.get("disabled") or []:
+            try:
+                s = scope_of(item["task"], item["response_contract"])
+                if not all(type(x) is str for x in s):
+                    raise TypeError("scope fields must be strings")
+                counts[s] = ScopeCount(
+                    int(item["canaries"]), int(item["regressions"]), str(item["disabled_at"])
+                )
+            except (KeyError, TypeError, ValueError) as e:
+                return f"malformed entry ({type(e).__name__}): ignored, nothing restored"
+            scopes.add(s)
+        with self._lock:
+            self.counts.update(counts)
+            self.disabled = frozenset(scopes)
+        return f"{len(scopes)} scope(s) with shifted reuse off restored"
+
+
+def save_state(path: Path, state: dict[str, Any]) -> None:
+    """Write the state atomically (temporary file, fsync, rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    data = json.dumps(state, indent=2, sort_keys=True).encode("utf-8") + b"\n"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def load_state(path: Path) -> object:
+    """The state file's JSON (None when there is none; a string saying why when unreadable)."""
+    try:
+        return json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        return f"unreadable ({type(e).__name__}: {e})"
+
+
+Replay = Callable[[Canary, str], list[int]]
+"""Sends a canary's prompt cold (``extra_key`` given) and returns the output token ids."""
+
+
+def http_replay(host: str, port: int, api_key: str | None, timeout_s: float) -> Replay:
+    """A :data:`Replay` through the server's own ``/generate`` (greedy, ``ignore_eos``, exactly as many
+    tokens as the warm output)."""
+
+    def replay(canary: Canary, extra_key: str) -> list[int]:
+        payload = {
+            "input_ids": list(canary.input_ids),
+            "sampling_params": {"max_new_tokens": len(canary.warm), "temperature": 0.0, "ignore_eos": True},
+            "extra_key": extra_key,
+            "rid": f"semgov-canary-{secrets.token_hex(6)}",
+        }
+        headers = {"Content-Type": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+        try:
+            conn.request("POST", "/generate", body=json.dumps(payload), headers=headers)
+            resp = conn.getresponse()
+            body = resp.read()
+        finally:
+            conn.close()
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {body[:200]!r}")
+        out = json.loads(body)
+        ids = out[0]["output_ids"] if isinstance(out, list) else out["output_ids"]
+        return [int(x) for x in ids]
+
+    return replay
+
+
+class CanaryRunner:
+    """The thread that replays canaries when the server is idle and records the outcomes.
+
+    The scheduler thread calls :meth:`busy` whenever a prefill round sees waiting requests; a
+    replay is sent only when that has not happened for ``idle_ms``. Outcomes go to the book; its
+    events are handed to ``audit`` (the hook's event queue) and the state file is rewritten when a
+    scope is turned off. Never raises into its caller; a replay error is audited and skipped.
+    """
+
+    def __init__(
+        self,
+        book: CanaryBook,
+        marker: CanaryMarker,
+        replay: Replay,
+        audit: Callable[[CanaryEvent], None],
+        state_path: Path | None,
+        clock: Callable[[], str],
+    ) -> None:
+        self.book, self.marker, self.replay, self.audit = book, marker, replay, audit
+        self.state_path, self.clock = state_path, clock
+        self._busy_until = 0.0
+        self._wake = threading.Event()
+        self._stop = False
+        self._sent = 0
+        self.inflight = 0
+        self._thread = threading.Thread(target=self._loop, name="semgov-canary", daemon=True)
+        self._thread.start()
+
+    def busy(self) -> None:
+        """Scheduler thread: requests are waiting (one float store)."""
+        self._busy_until = time.monotonic() + self.book.settings.idle_ms / 1000
+
+    def poke(self) -> None:
+        """A canary was queued."""
+        self._wake.set()
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stop:
+            self._wake.wait(0.5)
+            self._wake.clear()
+            while not self._stop and self.book.pending():
+                wait = self._busy_until - time.monotonic()
+                if wait > 0:
+                    time.sleep(min(wait, 0.5))
+                    continue
+                canary = self.book.next()
+                if canary is not None:
+                    self._run(canary)
+
+    def _run(self, canary: Canary) -> None:
+        self._sent += 1
+        self.inflight = 1
+        cold: list[int] | None = None
+        error: str | None = None
+        try:
+            cold = self.replay(canary, self.marker.token(self._sent))
+        except Exception as e:  # noqa: BLE001 - a failed replay is audited, never fatal
+            error = f"{type(e).__name__}: {str(e)[:200]}"
+        finally:
+            self.inflight = 0
+        try:
+            turned_off = self.book.record(canary, cold, error, self.clock())
+            for ev in self.book.take_events():
+                self.audit(ev)
+            if turned_off:
+                get_logger().warning("semgov canary: shifted reuse turned off", scope=describe(canary.scope))
+                if self.state_path is not None:
+                    save_state(self.state_path, self.book.state())
+        except Exception as e:  # noqa: BLE001 - bookkeeping must not kill the thread
+            get_logger().error("semgov canary bookkeeping failed", error=f"{type(e).__name__}: {e}")
+
+
+class Canaries:
+    """The hook's canaries (see the module docstring): the scheduler thread samples, queues and reads
+    which scopes are off; a runner thread replays, compares, audits and keeps the state file."""
+
+    def __init__(
+        self,
+        settings: CanarySettings,
+        *,
+        revision: str,
+        replay: Replay,
+        audit: Callable[[CanaryEvent], None],
+        state_path: Path | None,
+        clock: Callable[[], str],
+        sample: Callable[[], float] | None = None,
+    ) -> None:
+        import random
+
+        self.settings = settings
+        self.marker = CanaryMarker()
+        self.book = CanaryBook(settings, revision)
+        self._sample = sample if sample is not None else random.Random(secrets.randbits(64)).random
+        if state_path is not None:
+            found = load_state(state_path)
+            if found is not None:
+                why = found if isinstance(found, str) else self.book.restore(found)
+                get_logger().info("semgov canary state", path=str(state_path), result=why)
+        self.runner = CanaryRunner(self.book, self.marker, replay, audit, state_path, clock)
+        self.offered = 0
+
+    def off_for(self, task: dict[str, str], contract: dict[str, str]) -> bool:
+        """Scheduler thread: whether canaries turned shifted reuse off for this task and contract."""
+        disabled = self.book.disabled  # NOTE: replaced, never mutated: no lock needed to read it
+        return bool(disabled) and scope_of(task, contract) in disabled
+
+    def offer(
+        self,
+        req: Any,
+        *,
+        request_id: str,
+        decision_id: str | None,
+        donor_id: str | None,
+        task: dict[str, str],
+        contract: dict[str, str],
+    ) -> bool:
+        """Scheduler thread, a request that received shifted KV finished normally: sample it (a plainly
+        greedy one with output), and queue its replay. Never raises; True when queued."""
+        try:
+            if self._sample() >= self.settings.rate or not plain_greedy(req):
+                return False
+            warm = tuple(int(t) for t in req.output_ids[: self.settings.tokens])
+            if not warm:
+                return False
+            canary = Canary(
+                request_id, decision_id, donor_id, scope_of(task, contract), tuple(req.origin_input_ids), warm
+            )
+            queued = self.book.offer(canary)
+            if queued:
+                self.offered += 1
+                self.runner.poke()
+            return queued
+        except Exception as e:  # noqa: BLE001 - sampling must never cost the scheduler
+            get_logger().error("semgov canary not queued", error=f"{type(e).__name__}: {e}")
+            return False
+
+    def busy(self) -> None:
+        self.runner.busy()
+
+    def stats(self) -> dict[str, int]:
+        b = self.book
+        counts = list(b.counts.values())
+        return {
+            "canaries_queued": self.offered,
+            "canaries_dropped": b.dropped,
+            "canaries_compared": sum(c.canaries for c in counts),
+            "canary_regressions": sum(c.regressions for c in counts),
+            "shifted_reuse_off_scopes": len(b.disabled),
+        }
+
+    def close(self) -> None:
+        self.runner.close()

@@ -1,0 +1,356 @@
+"""Canaries (issue 14): sampled shifted reuses replayed cold, compared, and a scope turned off."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from engine_hooks.sglang.canary import (
+    STATE_FILE,
+    Canaries,
+    Canary,
+    CanaryBook,
+    CanaryEvent,
+    CanaryMarker,
+    CanarySettings,
+    compare,
+    load_state,
+    plain_greedy,
+    save_state,
+    scope_of,
+)
+
+TASK = {"id": "qa", "version": "1"}
+CONTRACT = {"id": "answer-json", "schema_sha256": "a" * 64}
+OTHER = {"id": "summary", "version": "1"}
+
+
+def _canary(warm: tuple[int, ...] = (5, 6, 7), task: dict[str, str] = TASK, rid: str = "r") -> Canary:
+    return Canary(rid, "dec", "donor", scope_of(task, CONTRACT), (1, 2, 3), warm)
+
+
+def test_compare_finds_the_first_difference_or_none() -> None:
+    """A replay equal to the warm output is None; otherwise the first differing (or missing) position."""
+    assert compare([1, 2, 3], [1, 2, 3]) is None
+    assert compare([1, 2, 3], [1, 9, 3]) == 1
+    assert compare([1, 2, 3], [1, 2]) == 2
+    assert compare([1, 2], [1, 2, 3]) is None  # NOTE: only the warm tokens are compared
+
+
+def test_marker_verifies_only_what_this_process_minted() -> None:
+    """A canary marker verifies; a look-alike, another process's, an edited one or a non-string does not."""
+    m = CanaryMarker(b"s" * 32)
+    tok = m.token(7)
+    assert m.verify(tok)
+    assert not CanaryMarker(b"t" * 32).verify(tok)
+    assert not m.verify(tok[:-1] + ("0" if tok[-1] != "0" else "1"))
+    assert not m.verify(tok.replace(":7.", ":8."))
+    for bad in (
+        None,
+        7,
+        b"semgov-canary:7.x",
+        "semgov-canary:",
+        "semgov-canary:x." + "0" * 32,
+        tok + "x" * 200,
+    ):
+        assert not m.verify(bad)
+
+
+def _req(**sp: Any) -> Any:
+    base = dict(
+        top_k=1, n=1, beam_width=None, frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0,
+        min_new_tokens=0, json_schema=None, regex=None, ebnf=None, structural_tag=None, logit_bias=None,
+        custom_params=None,
+    )  # fmt: skip
+    base.update(sp)
+    return SimpleNamespace(sampling_params=SimpleNamespace(**base), custom_logit_processor=None)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"top_k": 40},
+        {"n": 2},
+        {"beam_width": 4},
+        {"frequency_penalty": 0.5},
+        {"presence_penalty": 0.1},
+        {"repetition_penalty": 1.1},
+        {"min_new_tokens": 3},
+        {"json_schema": "{}"},
+        {"regex": "a+"},
+        {"logit_bias": {"5": 1.0}},
+        {"custom_params": {"x": 1}},
+    ],
+)
+def test_only_plain_greedy_requests_are_canaries(change: dict[str, Any]) -> None:
+    """Plain greedy decoding is a canary candidate; sampling, penalties, grammars or biases are not."""
+    assert plain_greedy(_req())
+    assert not plain_greedy(_req(**change))
+    assert not plain_greedy(SimpleNamespace())  # an unknown shape, never an error
+
+
+def test_budget_zero_turns_the_scope_off_at_the_first_regression_only_there() -> None:
+    """A match counts; the first regression (budget 0) turns shifted reuse off for its scope, not another."""
+    book = CanaryBook(CanarySettings(budget=0), "rev1")
+    assert not book.record(_canary(), [5, 6, 7], None, "t0")
+    assert book.disabled == frozenset()
+    assert book.record(_canary(), [5, 6, 8], None, "t1")
+    other = _canary(task=OTHER)
+    assert not book.record(other, [5, 6, 7], None, "t2")
+    assert book.disabled == {scope_of(TASK, CONTRACT)}
+    kinds = [(e.kind, e.detail.split(":")[0]) for e in book.take_events()]
+    assert kinds == [
+        ("canary", "match"),
+        ("canary", "regression at output token 2"),
+        ("shifted_reuse_disabled", 'shifted reuse off for {"response_contract"'),
+        ("canary", "match"),
+    ]
+    assert book.take_events() == []
+
+
+def test_a_budget_tolerates_that_many_regressions() -> None:
+    """With budget 2 the third regression turns the scope off, and only once."""
+    book = CanaryBook(CanarySettings(budget=2), "rev1")
+    assert [book.record(_canary(), [0], None, "t") for _ in range(4)] == [False, False, True, False]
+    assert sum(e.kind == "shifted_reuse_disabled" for e in book.take_events()) == 1
+
+
+def test_a_failed_replay_is_audited_and_counts_neither_way() -> None:
+    """A replay error is an audited canary event; the scope's counts do not move."""
+    book = CanaryBook(CanarySettings(), "rev1")
+    assert not book.record(_canary(), None, "TimeoutError: slow", "t")
+    assert book.counts == {} and [e.detail for e in book.take_events()] == [
+        "replay failed: TimeoutError: slow"
+    ]
+
+
+def test_the_queue_is_bounded_and_a_disabled_scope_takes_no_more() -> None:
+    """offer drops (counted) past the bound, and refuses a scope already off; turning a scope off
+    drops its queued canaries."""
+    book = CanaryBook(CanarySettings(queue=2), "rev1")
+    assert book.offer(_canary(rid="a")) and book.offer(_canary(rid="b")) and not book.offer(_canary(rid="c"))
+    assert book.dropped == 1 and book.pending() == 2
+    book.record(_canary(), [9], None, "t")
+    assert book.pending() == 0 and not book.offer(_canary())
+
+
+def test_state_survives_a_restart_under_the_same_policy_revision_only(tmp_path: Path) -> None:
+    """The disabled scopes are restored from the state file under the same revision, cleared by another."""
+    book = CanaryBook(CanarySettings(), "rev1")
+    book.record(_canary(), [0], None, "2026-12-02T00:00:00Z")
+    path = tmp_path / STATE_FILE
+    save_state(path, book.state())
+    again = CanaryBook(CanarySettings(), "rev1")
+    assert again.restore(load_state(path)).startswith("1 scope")
+    assert again.disabled == book.disabled
+    fresh = CanaryBook(CanarySettings(), "rev2")
+    assert "cleared by the new revision" in fresh.restore(load_state(path)) and fresh.disabled == frozenset()
+    assert "not a canary state file" in fresh.restore({"schema": "x"})
+    (tmp_path / "bad.json").write_text("{")
+    assert "unreadable" in str(load_state(tmp_path / "bad.json"))
+    assert load_state(tmp_path / "none.json") is None
+    broken = json.loads(path.read_text())
+    broken["disabled"][0]["task"] = {"id": 5, "version": "1"}
+    assert "malformed" in CanaryBook(CanarySettings(), "rev1").restore(broken)
+
+
+def _wait(cond: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_canaries_sample_replay_when_idle_audit_and_persist(tmp_path: Path) -> None:
+    """Sampled, queued, replayed only once the scheduler is idle, audited, and the state written."""
+    events: list[CanaryEvent] = []
+    sent: list[tuple[str, list[int]]] = []
+    lock = threading.Lock()
+
+    def replay(c: Canary, key: str) -> list[int]:
+        with lock:
+            sent.append((key, list(c.input_ids)))
+        return [c.warm[0], c.warm[1] + 1]  # NOTE: differs at output token 1
+
+    can = Canaries(
+        CanarySettings(rate=1.0, tokens=2, idle_ms=300),
+        revision="rev1",
+        replay=replay,
+        audit=events.append,
+        state_path=tmp_path / STATE_FILE,
+        clock=lambda: "2026-12-02T00:00:00Z",
+    )
+    try:
+        req = _req()
+        req.output_ids, req.origin_input_ids = [5, 6, 7], [1, 2, 3]
+        can.busy()
+        assert can.offer(req, request_id="r1", decision_id="d", donor_id="o", task=TASK, contract=CONTRACT)
+        time.sleep(0.1)
+        assert sent == []  # NOTE: requests were waiting a moment ago: not idle yet
+        _wait(lambda: len(events) == 2)
+        assert can.marker.verify(sent[0][0]) and sent[0][1] == [1, 2, 3]
+        assert [e.kind for e in events] == ["canary", "shifted_reuse_disabled"]
+        assert events[0].compared == 2 and events[0].detail == "regression at output token 1: warm 6, cold 7"
+        assert can.off_for(TASK, CONTRACT) and not can.off_for(OTHER, CONTRACT)
+        state = json.loads((tmp_path / STATE_FILE).read_text())
+        assert state["policy_revision"] == "rev1" and state["disabled"][0]["task"] == TASK
+        assert can.stats()["shifted_reuse_off_scopes"] == 1
+    finally:
+        can.close()
+    restarted = Canaries(
+        CanarySettings(rate=1.0), revision="rev1", replay=replay, audit=events.append,
+        state_path=tmp_path / STATE_FILE, clock=lambda: "t",
+    )  # fmt: skip
+    try:
+        assert restarted.off_for(TASK, CONTRACT)
+    finally:
+        restarted.close()
+
+
+def test_sampling_rate_and_greedy_gate_what_is_offered() -> None:
+    """At rate 0.25 a sampler above it offers nothing; a non-greedy request is never offered."""
+    draws = iter([0.9, 0.1])
+    can = Canaries(
+        CanarySettings(rate=0.25), revision="r", replay=lambda c, k: [], audit=lambda e: None,
+        state_path=None, clock=lambda: "t", sample=lambda: next(draws),
+    )  # fmt: skip
+    try:
+        req = _req()
+        req.output_ids, req.origin_input_ids = [5], [1]
+        kw: dict[str, Any] = dict(
+            request_id="r", decision_id=None, donor_id=None, task=TASK, contract=CONTRACT
+        )
+        assert not can.offer(req, **kw)  # 0.9 >= 0.25
+        sampling = _req(top_k=50)
+        sampling.output_ids, sampling.origin_input_ids = [5], [1]
+        assert not can.offer(sampling, **kw)  # 0.1 < 0.25, but not greedy
+    finally:
+        can.close()
+
+
+# ---- in the hook, on real SGLang objects ----------------------------------------------------------
+
+
+def _attach(h: Any, replay: Any, events: list[CanaryEvent], **kw: Any) -> Canaries:
+    """Canaries on the harness's tree, audited as the backend factory audits them (and listed)."""
+    from engine_hooks.sglang.factory import canary_audit
+
+    audit = canary_audit(h.tree.gov)
+
+    def both(ev: CanaryEvent) -> None:
+        audit(ev)
+        events.append(ev)
+
+    can = Canaries(
+        CanarySettings(rate=1.0, tokens=3, idle_ms=0, **kw),
+        revision=h.tree.gov.policy.revision,
+        replay=replay,
+        audit=both,
+        state_path=None,
+        clock=lambda: "2026-12-02T00:00:00Z",
+    )
+    h.tree.canaries = can
+    return can
+
+
+def _greedy_finish(h: Any, req: Any, outputs: list[int]) -> None:
+    """Finish ``req`` as a greedy request that produced ``outputs``."""
+    req.sampling_params.top_k = 1
+    req.output_ids = list(outputs)
+    h.finish(req, len(outputs))
+
+
+def _pair(h: Any, seed: int, task: dict[str, str], rid: str) -> Any:
+    """A donor run to completion and its recipient, in ``task``'s scope; returns the recipient."""
+    from tests.sglang_hook.scenario import blocks
+
+    b = blocks(seed)
+    lay = b.donor()
+    d = h.new_req(f"{rid}-donor", lay.tokens, h.context(segments=lay.segments, task=task), text=lay.text)
+    h.run(d)
+    h.finish(d)
+    r = b.recipient()
+    return h.new_req(rid, r.tokens, h.context(segments=r.segments, task=task), text=r.text)
+
+
+def test_a_realized_shifted_recipient_is_replayed_and_a_regression_turns_its_scope_off(
+    make_harness: Any,
+) -> None:
+    """A greedy recipient that got shifted KV is replayed with a canary marker; a differing replay turns
+    shifted reuse off for its task and contract: the next recipient there gets no shifted KV, while
+    another task's recipient still does; both outcomes are in the audit log as signed events."""
+    from engine_hooks.sglang.cache import state_of
+
+    h = make_harness()
+    events: list[CanaryEvent] = []
+    sent: list[tuple[str, list[int], tuple[int, ...]]] = []
+
+    def replay(c: Canary, key: str) -> list[int]:
+        sent.append((key, list(c.input_ids), c.warm))
+        return [c.warm[0], c.warm[1], c.warm[2] + 1]
+
+    can = _attach(h, replay, events)
+    first = _pair(h, 11, TASK, "r1")
+    h.run(first)
+    st = state_of(first)
+    assert st is not None and st.realizations == 1 and st.shifted
+    _greedy_finish(h, first, [7, 8, 9, 10])
+    _wait(lambda: len(events) == 2)
+    assert (
+        can.marker.verify(sent[0][0])
+        and sent[0][1] == list(first.origin_input_ids)
+        and sent[0][2] == (7, 8, 9)
+    )
+    assert can.off_for(TASK, CONTRACT)
+
+    again = _pair(h, 12, TASK, "r2")
+    h.run(again)
+    st2 = state_of(again)
+    assert st2 is not None and [d.decision for d in st2.decisions] == [
+        "allow"
+    ]  # NOTE: the policy still allows
+    assert st2.realizations == 0 and not st2.shifted  # ... but no shifted KV is copied in this scope
+    other = _pair(h, 13, OTHER, "r3")
+    h.run(other)
+    st3 = state_of(other)
+    assert st3 is not None and st3.realizations == 1 and st3.shifted
+    kinds = [
+        r["kind"]
+        for r in h.records()
+        if r["schema"] == "semgov.engine_event/v2" and r["kind"] != "realization"
+    ]
+    assert kinds == ["canary", "shifted_reuse_disabled"]
+    ok, why = h.invariant()
+    assert ok, why
+
+
+def test_a_canary_replay_gets_a_key_of_its_own_no_reuse_and_never_becomes_a_donor(make_harness: Any) -> None:
+    """The hook's marker gives a request an isolated tree key, no decision, no tree insert, no donor; the
+    same text minted by another process is an ordinary anonymous request."""
+    from engine_hooks.sglang.cache import state_of
+
+    h = make_harness()
+    can = _attach(h, lambda c, k: [], [])
+    from tests.sglang_hook.scenario import blocks
+
+    b = blocks(21)
+    lay = b.donor()
+    donors = h.tree.stats["donors_registered"]
+    req = h.new_req("semgov-canary-x", lay.tokens, can.marker.token(1))
+    h.run(req)
+    st = state_of(req)
+    assert st is not None and st.canary and st.context is None and st.pending is None
+    assert st.cache_key.startswith("semgov:canary:") and req.skip_radix_cache_insert
+    h.finish(req)
+    assert h.tree.stats["donors_registered"] == donors
+    forged = h.new_req("forged", lay.tokens, CanaryMarker().token(1))
+    h.run(forged)
+    fst = state_of(forged)
+    assert fst is not None and not fst.canary and fst.cache_key.startswith("semgov:anon:")
+    h.finish(forged)
