@@ -432,14 +432,23 @@ class CanaryRunner:
             self.inflight = 0
         try:
             turned_off = self.book.record(canary, cold, error, self.clock())
+            if turned_off:
+                # NOTE: the state file is written before the events are audited, so a reader who
+                # sees shifted_reuse_disabled in the audit log also finds it in the state file.
+                get_logger().warning("semgov canary: shifted reuse turned off", scope=describe(canary.scope))
+                self._persist()
             for ev in self.book.take_events():
                 self.audit(ev)
-            if turned_off:
-                get_logger().warning("semgov canary: shifted reuse turned off", scope=describe(canary.scope))
-                if self.state_path is not None:
-                    save_state(self.state_path, self.book.state())
         except Exception as e:  # noqa: BLE001 - bookkeeping must not kill the thread
             get_logger().error("semgov canary bookkeeping failed", error=f"{type(e).__name__}: {e}")
+
+    def _persist(self) -> None:
+        if self.state_path is None:
+            return
+        try:
+            save_state(self.state_path, self.book.state())
+        except OSError as e:  # NOTE: the scope stays off in memory; the audit events still go out
+            get_logger().error("semgov canary state not saved", path=str(self.state_path), error=str(e))
 
 
 class Canaries:

@@ -213,6 +213,25 @@ def test_canaries_sample_replay_when_idle_audit_and_persist(tmp_path: Path) -> N
         restarted.close()
 
 
+def test_an_unwritable_state_file_still_audits_and_keeps_the_scope_off(tmp_path: Path) -> None:
+    """When the state file cannot be written, the scope is still off and both events are audited."""
+    events: list[CanaryEvent] = []
+    can = Canaries(
+        CanarySettings(rate=1.0, tokens=1, idle_ms=0), revision="rev1",
+        replay=lambda c, k: [c.warm[0] + 1], audit=events.append,
+        state_path=tmp_path / "missing-dir" / STATE_FILE, clock=lambda: "t",
+    )  # fmt: skip
+    try:
+        req = _req()
+        req.output_ids, req.origin_input_ids = [5], [1, 2]
+        assert can.offer(req, request_id="r1", decision_id="d", donor_id="o", task=TASK, contract=CONTRACT)
+        _wait(lambda: len(events) == 2)
+        assert [e.kind for e in events] == ["canary", "shifted_reuse_disabled"]
+        assert can.off_for(TASK, CONTRACT) and not (tmp_path / "missing-dir").exists()
+    finally:
+        can.close()
+
+
 def test_sampling_rate_and_greedy_gate_what_is_offered() -> None:
     """At rate 0.25 a sampler above it offers nothing; a non-greedy request is never offered."""
     draws = iter([0.9, 0.1])
