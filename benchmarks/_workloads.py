@@ -1,7 +1,8 @@
 """Synthetic requests at a chosen prompt length, for the decision-latency benchmark.
 
 Token ids are random (seeded), so every cohort's spans are exactly as designed:
-a cohort here is the token-level shape of a (recipient, donor) pair.
+a cohort here is the token-level shape of a (recipient, donor) pair. Requests are put together
+as every workload does (:mod:`engine_hooks.reference.workload`).
 """
 
 from __future__ import annotations
@@ -12,21 +13,16 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from semgov import Keyring, SigningKey, provenance_payload, sign_provenance
-from semgov.keys import TrustedKey
+from engine_hooks.reference.workload import VOCAB_SIZE, candidate, captured_json, donor_payload, token_prompt
+from semgov import Keyring, SigningKey, sign_provenance
+from semgov.signing.keys import TrustedKey
 
 CONTRACT = {"id": "financials", "schema_sha256": "ab" * 32}
-TASK = {"id": "extract_financials", "version": "1"}
+TASK_ID = "extract_financials"
+NAMESPACE = "research/entity-001"
+CREATED = datetime(2026, 11, 28, 10, tzinfo=UTC)  # every donor; its provenance expires 7 days later
+RECEIVED = datetime(2026, 11, 29, 10, tzinfo=UTC)  # every request
 COHORTS = ("exact", "question_variant", "shifted", "unrelated", "other_tenant", "tampered")
-
-
-def _prompt(parts: list[tuple[str, np.ndarray]]) -> dict[str, Any]:
-    toks: list[int] = []
-    segs = []
-    for role, t in parts:
-        segs.append({"role": role, "start": len(toks), "end": len(toks) + len(t)})
-        toks.extend(int(x) for x in t)
-    return {"token_ids": toks, "segments": segs}
 
 
 class Workload:
@@ -40,17 +36,19 @@ class Workload:
         self.n = 0
 
     def _toks(self, n: int) -> np.ndarray:
-        return self.rng.integers(0, 49152, n, dtype=np.int64)
+        return self.rng.integers(0, VOCAB_SIZE, n, dtype=np.int64)
 
     def request(self, cohort: str, n_tokens: int) -> dict[str, Any]:
         self.n += 1
         sys_, instr, q = self._toks(24), self._toks(40), self._toks(30)
         evidence = self._toks(n_tokens - 94)
-        donor = _prompt([("system", sys_), ("instruction", instr), ("evidence", evidence), ("question", q)])
+        donor = token_prompt(
+            [("system", sys_), ("instruction", instr), ("evidence", evidence), ("question", q)]
+        )
         if cohort == "exact":
             recip = donor
         elif cohort == "question_variant":
-            recip = _prompt(
+            recip = token_prompt(
                 [
                     ("system", sys_),
                     ("instruction", instr),
@@ -59,11 +57,11 @@ class Workload:
                 ]
             )
         elif cohort == "shifted":
-            recip = _prompt(
+            recip = token_prompt(
                 [("system", sys_), ("instruction", self._toks(52)), ("evidence", evidence), ("question", q)]
             )
         elif cohort == "unrelated":
-            recip = _prompt(
+            recip = token_prompt(
                 [
                     ("system", sys_),
                     ("instruction", instr),
@@ -73,36 +71,25 @@ class Workload:
             )
         else:
             recip = donor
-        payload = provenance_payload(
+        payload = donor_payload(
             donor_id=f"d-{self.n}",
             tenant="globex" if cohort == "other_tenant" else "acme",
-            namespace="research/entity-001",
-            task=TASK,
-            response_contract=CONTRACT,
-            created_at=datetime(2026, 11, 28, 10, tzinfo=UTC),
-            expires_at=datetime(2026, 12, 5, 10, tzinfo=UTC),
-            policy_version="default@1",
-            token_ids=donor["token_ids"],
-            segments=donor["segments"],
-            text=donor.get("text"),
+            namespace=NAMESPACE,
+            task_id=TASK_ID,
+            contract=CONTRACT,
+            created_at=CREATED,
+            prompt=donor,
         )
         provenance = sign_provenance(payload, self.prov)
         if cohort == "tampered":  # edited after signing
             provenance["payload"] = {**payload, "expires_at": "2027-12-05T10:00:00Z"}
-        cand = {
-            "donor_id": f"d-{self.n}",
-            "similarity": 0.9,
-            "prompt": donor,
-            "provenance": provenance,
-        }
-        return {
-            "schema": "semgov.captured_request/v1",
-            "request_id": f"r-{self.n}",
-            "received_at": "2026-11-29T10:00:00Z",
-            "tenant": "acme",
-            "namespace": "research/entity-001",
-            "task": TASK,
-            "response_contract": CONTRACT,
-            "prompt": recip,
-            "candidates": [cand],
-        }
+        return captured_json(
+            request_id=f"r-{self.n}",
+            received_at=RECEIVED,
+            tenant="acme",
+            namespace=NAMESPACE,
+            task_id=TASK_ID,
+            contract=CONTRACT,
+            prompt=recip,
+            candidates=[candidate(f"d-{self.n}", 0.9, donor, provenance)],
+        )

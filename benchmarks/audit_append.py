@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._machine import baseline  # noqa: E402
 from semgov.audit.store import AuditLog, Ticket  # noqa: E402
-from semgov.keys import SigningKey  # noqa: E402
+from semgov.signing.keys import SigningKey  # noqa: E402
 
 
 def pct(xs: list[float], q: float) -> float:

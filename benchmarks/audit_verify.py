@@ -28,11 +28,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._machine import baseline  # noqa: E402
-from semgov.audit.store import CHECKPOINTS_DIR, AuditLog, iter_records  # noqa: E402
-from semgov.audit.verify import make_bundle, verify_bundle, verify_log  # noqa: E402
-from semgov.canonical import canonicalize_record  # noqa: E402
-from semgov.keys import SigningKey, load_signing_key  # noqa: E402
-from semgov.records import sign_record  # noqa: E402
+from semgov.audit.frames import CHECKPOINTS_DIR  # noqa: E402
+from semgov.audit.reader import iter_records  # noqa: E402
+from semgov.audit.store import AuditLog  # noqa: E402
+from semgov.audit.verify import verify_bundle  # noqa: E402
+from semgov.audit.verify_dir import make_bundle, verify_log  # noqa: E402
+from semgov.signing.canonical import canonicalize_record  # noqa: E402
+from semgov.signing.keys import SigningKey, load_signing_key  # noqa: E402
+from semgov.signing.records import sign_record  # noqa: E402
 
 ASSETS = ROOT / "tests" / "assets"
 

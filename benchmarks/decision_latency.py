@@ -20,7 +20,7 @@ when a request finishes: its token array, segment table, hashes and k-gram index
 once, and its provenance signature verified once, not per decision.
 
 ``--hook``: what the SGLang hook's decision process runs per request, timed whole: the recipient
-arrives as SGLang's ``array('q')`` and ``engine_hooks.sglang.governor.evaluate_request`` builds its
+arrives as SGLang's ``array('q')`` and ``engine_hooks.sglang.decisions.evaluate_request`` builds its
 prompt and request and decides (donors registered first, as the hook holds them).
 
 ``--burst`` (implies ``--hook``): decisions back to back, as the hook's decision process makes them
@@ -75,7 +75,7 @@ def baseline() -> str:
 
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from semgov._internal.tokens import as_tokens
+    from semgov.facts.tokens import as_tokens
 
     toks = list(range(1000, 1000 + 18432))
     key = Ed25519PrivateKey.generate()
@@ -106,7 +106,8 @@ def _hook_call(ev: Evaluator, r: CapturedRequest) -> Any:
     from array import array
 
     from engine_hooks.sglang.context import RequestContext
-    from engine_hooks.sglang.governor import DonorEntry, evaluate_request
+    from engine_hooks.sglang.decisions import evaluate_request
+    from engine_hooks.sglang.donors import DonorEntry
 
     segs = tuple((s.role, s.start, s.end) for s in r.prompt.segments)
     task, contract = r.task.model_dump(), r.response_contract.model_dump()
@@ -115,17 +116,17 @@ def _hook_call(ev: Evaluator, r: CapturedRequest) -> Any:
     c = r.candidates[0]
     donor_tokens = array("q", c.prompt.token_ids)
     prov: Any = c.provenance  # NOTE: the validated envelope, as the hook's DonorEntry holds it
-    entry = DonorEntry(c.donor_id, "scope", "tree", None, donor_tokens, c.prompt, prov, r.received_at)
+    entry = DonorEntry(c.donor_id, "scope", "tree", None, donor_tokens, c.prompt, prov)
     now, text, cands = r.received_at, r.prompt.text, [(entry, c.similarity)]
     return lambda: evaluate_request(ev, now, r.request_id, ctx, tokens, text, cands)
 
 
 _STAGES = (
-    ("engine_hooks.sglang.governor", "prompt_of"),
-    ("semgov.facts", "_provenance_facts"),
-    ("semgov.facts", "find_spans"),
-    ("semgov._internal.tokens", "_candidate_diagonals"),
-    ("semgov._internal.tokens", "_collect_runs"),
+    ("engine_hooks.sglang.decisions", "prompt_of"),
+    ("semgov.facts.compute", "_provenance_facts"),
+    ("semgov.facts.compute", "find_spans"),
+    ("semgov.facts.tokens", "_candidate_diagonals"),
+    ("semgov.facts.tokens", "_collect_runs"),
     ("semgov.decide", "compute_facts"),
     ("semgov.decide", "checked_result"),
     ("semgov.decide", "sign_record_canonical"),
@@ -162,7 +163,8 @@ def _burst_calls(ev: Evaluator, lines: list[str]) -> list[Any]:
     from array import array
 
     from engine_hooks.sglang.context import RequestContext
-    from engine_hooks.sglang.governor import DonorEntry, evaluate_request
+    from engine_hooks.sglang.decisions import evaluate_request
+    from engine_hooks.sglang.donors import DonorEntry
 
     calls = []
     for line in lines:
@@ -172,7 +174,7 @@ def _burst_calls(ev: Evaluator, lines: list[str]) -> list[Any]:
         ev.register_provenance(c.provenance)
         donor_tokens = array("q", c.prompt.token_ids)
         at = r.received_at
-        entry = DonorEntry(c.donor_id, "scope", "tree", None, donor_tokens, c.prompt, c.provenance, at)
+        entry = DonorEntry(c.donor_id, "scope", "tree", None, donor_tokens, c.prompt, c.provenance)
         segs = tuple((s.role, s.start, s.end) for s in r.prompt.segments)
         task, contract = r.task.model_dump(), r.response_contract.model_dump()
         ctx = RequestContext(r.tenant, r.namespace, task, contract, segs, None)

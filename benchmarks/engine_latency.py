@@ -30,9 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from semgov import CapturedRequest, Evaluator, Keyring, load_policy, load_signing_key  # noqa: E402
-from semgov.policy_input import PolicyInput  # noqa: E402
-from semgov.rego_engines import OpaInProcessEngine, RegorusEngine  # noqa: E402
-from semgov.rego_policy import load_rego_policy  # noqa: E402
+from semgov.policy.rego.engines import OpaInProcessEngine, RegorusEngine  # noqa: E402
+from semgov.policy.rego.loader import load_rego_policy  # noqa: E402
+from semgov.wire.policy_input import PolicyInput  # noqa: E402
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -64,7 +64,7 @@ def main() -> int:
                 break
     docs = [d for r in requests for d in r]
 
-    from semgov.opa_server import OpaServerEngine
+    from semgov.policy.rego.opa_server import OpaServerEngine
     from tests.opa_rest_server import OpaRestServer
 
     server = OpaRestServer()

@@ -395,18 +395,15 @@ def _import_semgov() -> None:
     import semgov.audit.note
     import semgov.audit.store
     import semgov.audit.verify
-    import semgov.capture
+    import semgov.audit.verify_dir
     import semgov.decide
-    import semgov.engine_events
-    import semgov.facts
-    import semgov.keys
-    import semgov.policy
-    import semgov.policy_source
-    import semgov.policy_tests
-    import semgov.records
-    import semgov.rego_engines
-    import semgov.rego_policy
-    import semgov.yaml_engine  # noqa: F401
+    import semgov.facts.compute
+    import semgov.intake.capture
+    import semgov.policy.rego.engines
+    import semgov.policy.rego.loader
+    import semgov.policy.source
+    import semgov.policy.testing
+    import semgov.policy.yaml.engine  # noqa: F401
 
 
 def run_jobs(

@@ -43,10 +43,10 @@ if str(ROOT) not in sys.path:
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
 
 from semgov import Evaluator, Keyring, SigningKey, load_policy, provenance_payload, sign_provenance  # noqa: E402
-from semgov.keys import TrustedKey  # noqa: E402
-from semgov.models import CapturedRequest  # noqa: E402
-from semgov.rego_engines import RegorusEngine  # noqa: E402
-from semgov.rego_policy import load_rego_policy  # noqa: E402
+from semgov.policy.rego.engines import RegorusEngine  # noqa: E402
+from semgov.policy.rego.loader import load_rego_policy  # noqa: E402
+from semgov.signing.keys import TrustedKey  # noqa: E402
+from semgov.wire.models import CapturedRequest  # noqa: E402
 
 Json = dict[str, Any]
 MUTATIONS = (

@@ -5,7 +5,7 @@ Each :class:`Target` has
 - ``seeds()``: VALID inputs taken from the repository's real artifacts (the shipped captured
   workload, ``tests/assets``, ``policies/default``, ``policies/rego/default``, a real audit log
   of real signed records written here with :class:`semgov.audit.store.AuditLog`, real proof
-  bundles from :func:`semgov.audit.verify.make_bundle`);
+  bundles from :func:`semgov.audit.verify_dir.make_bundle`);
 - ``mutate(chooser)``: one hostile input, as bytes (the same code runs under a seeded PRNG and
   under Hypothesis; atheris mutates the seeds' bytes instead);
 - ``run(data)``: feeds the input to semgov's real entry point exactly as the command line does,
@@ -185,7 +185,7 @@ class Ctx:
 
         import structlog
 
-        from semgov.keys import Keyring, SigningKey, load_signing_key
+        from semgov.signing.keys import Keyring, SigningKey, load_signing_key
 
         # The campaign feeds thousands of broken inputs: semgov's warnings (audit recovery) would
         # flood the worker logs. Findings are counted from outcomes, not from log lines.
@@ -211,25 +211,25 @@ class Ctx:
 
     @cached_property
     def pii(self) -> Any:
-        from semgov._internal.pii import PiiScanner
+        from semgov.facts.pii import PiiScanner
 
         return PiiScanner()
 
     @cached_property
     def yaml_policy(self) -> Any:
-        from semgov.policy_source import load_policy_source
+        from semgov.policy.source import load_policy_source
 
         return load_policy_source(POLICY_YAML_DIR)
 
     @cached_property
     def rego_policy(self) -> Any:
-        from semgov.policy_source import load_policy_source
+        from semgov.policy.source import load_policy_source
 
         return load_policy_source(POLICY_REGO_DIR)
 
     def evaluator(self, policy: Any, engine: str = "auto") -> Any:
         from semgov.decide import Evaluator
-        from semgov.policy_source import make_engine
+        from semgov.policy.source import make_engine
 
         return Evaluator(
             policy, self.keyring, self.decision_key, pii_scanner=self.pii, engine=make_engine(policy, engine)
@@ -347,7 +347,7 @@ class CapturedTarget(Target):
 
     def warm(self) -> None:
         # Presidio loads its pipeline on the first scan (seconds): not an input's cost.
-        from semgov.models import Prompt
+        from semgov.wire.models import Prompt
 
         super().warm()
         prompt = Prompt.model_validate(
@@ -382,8 +382,8 @@ class CapturedTarget(Target):
         return data
 
     def run(self, data: bytes) -> Verdict:
-        from semgov.capture import MalformedLine, read_captured
         from semgov.errors import InputError
+        from semgov.intake.capture import MalformedLine, read_captured
 
         v = Verdict()
         ev = self.ctx.captured_evaluator
@@ -411,7 +411,7 @@ class CapturedTarget(Target):
         return v
 
     def _judge(self, data: bytes, is_gz: bool, out: list[tuple[Any, list[Any]]], v: Verdict) -> None:
-        from semgov.capture import MalformedLine
+        from semgov.intake.capture import MalformedLine
 
         if is_gz:
             try:
@@ -628,7 +628,7 @@ class RecordsTarget(Target):
         if k <= 5:
             tree, _ = mutate_json(ch, json.loads(seed))
             if k == 5 and isinstance(tree, dict):  # re-signed by the decision key: authentic if well-formed
-                from semgov.records import sign_record
+                from semgov.signing.records import sign_record
 
                 try:
                     tree = sign_record(json.loads(dumps(tree)), self.ctx.decision_key)
@@ -650,7 +650,7 @@ class RecordsTarget(Target):
     def run(self, data: bytes) -> Verdict:
         from semgov.audit.verify import record_problem
         from semgov.errors import InputError, SignatureError
-        from semgov.records import verify_record_json
+        from semgov.signing.records import verify_record_json
 
         v = Verdict()
         pk, kid = self.ctx.public_key, self.ctx.key_id
@@ -819,7 +819,7 @@ class KeyringTarget(Target):
 
     def run(self, data: bytes) -> Verdict:
         from semgov.errors import InputError, KeyFileError
-        from semgov.keys import Keyring
+        from semgov.signing.keys import Keyring
 
         v = Verdict()
         path = self.file("keyring.json")
@@ -1047,7 +1047,7 @@ class YamlPolicyTarget(Target):
 
     def run(self, data: bytes) -> Verdict:
         from semgov.errors import PolicyError
-        from semgov.policy_source import load_policy_source
+        from semgov.policy.source import load_policy_source
 
         v = Verdict()
         d = self.file("policy")
@@ -1157,8 +1157,8 @@ class RegoPolicyTarget(Target):
 
     def run(self, data: bytes) -> Verdict:
         from semgov.errors import PolicyError
-        from semgov.policy_source import load_policy_source
-        from semgov.rego_engines import RegorusEngine
+        from semgov.policy.rego.engines import RegorusEngine
+        from semgov.policy.source import load_policy_source
 
         v = Verdict()
         d = self.file("rego")
@@ -1242,12 +1242,11 @@ _PI_SCHEMA = Schema.load("policy_input.schema.json")
 
 
 def deep_merge(base: Any, patch: Any) -> Any:
-    if isinstance(base, dict) and isinstance(patch, dict):
-        out = dict(base)
-        for k, x in patch.items():
-            out[k] = deep_merge(base.get(k), x) if k in base else x
-        return out
-    return patch
+    """The case files' merge (:func:`semgov.policy.testing.deep_merge`), imported when first used
+    like every semgov module here."""
+    from semgov.policy.testing import deep_merge as merge
+
+    return merge(base, patch)
 
 
 def must_deny_input(doc: Any) -> str:
@@ -1321,7 +1320,7 @@ class PolicyInputTarget(Target):
     def run(self, data: bytes) -> Verdict:
         from semgov._internal.yamlload import load_yaml_with_lines
         from semgov.errors import PolicyError
-        from semgov.policy_tests import _input_adapter
+        from semgov.policy.testing import _input_adapter
 
         v = Verdict()
         # What `semgov policy test` does with a case's document: read it with semgov's YAML
@@ -1396,7 +1395,7 @@ class AuditFixture:
 
     def __init__(self, ctx: Ctx) -> None:
         from semgov.audit.store import AuditLog
-        from semgov.engine_events import engine_event, sign_engine_event
+        from semgov.signing.engine_events import engine_event, sign_engine_event
 
         self.ctx = ctx
         base = ctx.work / "audit-fixture"
@@ -1406,7 +1405,7 @@ class AuditFixture:
         records: list[bytes] = []
         with stable_ids(1234):
             for line in ctx.example_lines[1:400:12]:
-                from semgov.capture import parse_line
+                from semgov.intake.capture import parse_line
 
                 req = parse_line(_strip_text(line), 1)
                 records += [d.canonical for d in ev.evaluate(req)]
@@ -1460,7 +1459,7 @@ class AuditFixture:
                 for p in [d / "checkpoint", *(d / "checkpoints").glob("*.note")]
             }
         )
-        from semgov.audit.store import key_name_for
+        from semgov.audit.keyring import key_name_for
 
         self.key_name = key_name_for(ctx.key_id)
         self.kept = (self.closed / "checkpoints" / "20.note").read_bytes()
@@ -1494,7 +1493,7 @@ class AuditFixture:
 
     @cached_property
     def bundles(self) -> list[bytes]:
-        from semgov.audit.verify import make_bundle
+        from semgov.audit.verify_dir import make_bundle
 
         out = []
         for leaf in self.records[:40:7]:
@@ -1517,13 +1516,13 @@ class AuditFixture:
 
     @cached_property
     def allow_doc(self) -> Any:
-        from semgov.policy_tests import _input_adapter
+        from semgov.policy.testing import _input_adapter
 
         return _input_adapter().validate_python(self.allow_doc_json)
 
     @cached_property
     def must_deny_docs(self) -> list[tuple[str, Any]]:
-        from semgov.policy_tests import _input_adapter
+        from semgov.policy.testing import _input_adapter
 
         base = self.allow_doc_json
         patches = [
@@ -1631,7 +1630,7 @@ class AuditLogTarget(Target):
         elif (
             k == 5
         ):  # a record edited, re-signed with the real key, frame re-hashed: only checkpoints catch it
-            from semgov.records import sign_record
+            from semgov.signing.records import sign_record
 
             rec = json.loads(frames[i][44:])
             field = "tenant" if "tenant" in rec else "detail"
@@ -1659,8 +1658,9 @@ class AuditLogTarget(Target):
         return b"".join(frames)
 
     def run(self, data: bytes) -> Verdict:
-        from semgov.audit.store import AuditLog, AuditLogError
-        from semgov.audit.verify import verify_log
+        from semgov.audit.errors import AuditLogError
+        from semgov.audit.store import AuditLog
+        from semgov.audit.verify_dir import verify_log
 
         v = Verdict()
         fx = self.ctx.audit
@@ -1859,7 +1859,7 @@ def _mutate_note(ch: Chooser, note: bytes, ctx: Ctx) -> bytes:
 
             split = note.rfind(b"\n\n")
             cp = Checkpoint.from_body(note[: split + 1])
-            from semgov.audit.store import key_name_for
+            from semgov.audit.keyring import key_name_for
 
             return sign_checkpoint(cp, key_name_for(ctx.key_id), ctx.signers["k9"].private_key)
         except Exception:  # noqa: BLE001
@@ -1901,8 +1901,8 @@ class CheckpointTarget(Target):
         return _mutate_note(ch, ch.pick(self.seed_list), self.ctx)
 
     def run(self, data: bytes) -> Verdict:
+        from semgov.audit.keyring import key_name_for
         from semgov.audit.note import NoteError, open_checkpoint
-        from semgov.audit.store import key_name_for
 
         v = Verdict()
         fx = self.ctx.audit

@@ -35,6 +35,7 @@ from transformers import DynamicCache
 
 from engine_hooks.reference import materialize as mz
 from engine_hooks.reference.model import LoadedModel, load_smollm2
+from engine_hooks.reference.workload import common_prefix
 
 COMPANIES = ["Northwind Traders", "Contoso Ltd", "Fabrikam Inc", "Tailspin Toys", "Litware Corp", "Adatum"]
 GUIDE = (
@@ -132,7 +133,7 @@ def shifted(lm: LoadedModel, evidence: int, shift: int, wrapper: str, repeat: in
         lm, "\n\nSummarize how operating costs changed for each company.<|im_end|>\n<|im_start|>assistant\n"
     )
     donor_ids, ids = a + d + q1, b + d + q2
-    common = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+    common = common_prefix(a, b)
     donor = mz.donor_kv(lm, donor_ids)
     t_cold, cold = best(partial(mz.cold_prefill, lm, ids), repeat)
     answer = mz.greedy(lm, cold, 48)

@@ -25,7 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from semgov._internal.stats import wilson  # noqa: E402
+from semgov.stats import wilson  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

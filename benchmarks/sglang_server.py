@@ -46,6 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from engine_hooks.reference.workload import common_prefix  # noqa: E402
 from tests.sglang_server.rig import (  # noqa: E402 - the checkout on sys.path first
     SMOLLM2_ARCH,
     TINY_MODEL,
@@ -155,10 +156,7 @@ def run_backend(backend: str, args: argparse.Namespace, work: Path) -> dict[str,
                 ttft(server, p.donor[0], f"{rid}-donor", key("acme", ns, p.donor[1]))
                 settle(server)
                 # NOTE: the warm request's exact match is what it shares with the donor in the tree.
-                exact_len[f"{rid}-warm"] = next(
-                    (j for j, (a, b) in enumerate(zip(p.recipient[0], p.donor[0], strict=False)) if a != b),
-                    min(len(p.recipient[0]), len(p.donor[0])),
-                )
+                exact_len[f"{rid}-warm"] = common_prefix(p.recipient[0], p.donor[0])
                 w = ttft(server, p.recipient[0], f"{rid}-warm", key(p.tenant, ns, p.recipient[1]))
                 x = ttft(server, p.recipient[0], f"{rid}-again", key(p.tenant, ns, p.recipient[1]))
                 for name, v in (("cold", c), ("warm", w), ("exact", x)):

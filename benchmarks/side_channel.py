@@ -78,13 +78,20 @@ if str(ROOT) not in sys.path:
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
 
+from engine_hooks.reference.workload import (  # noqa: E402
+    VOCAB_SIZE,
+    candidate,
+    captured_json,
+    donor_payload,
+    token_prompt,
+)
 from semgov import CapturedRequest, Evaluator, Keyring, SigningKey, load_policy  # noqa: E402
-from semgov import facts as facts_mod  # noqa: E402
-from semgov.keys import TrustedKey  # noqa: E402
-from semgov.models import DECISION_SCHEMAS  # noqa: E402
-from semgov.provenance import provenance_payload, sign_provenance  # noqa: E402
+from semgov.facts import compute as facts_mod  # noqa: E402
+from semgov.signing.keys import TrustedKey  # noqa: E402
+from semgov.signing.provenance import sign_provenance  # noqa: E402
+from semgov.wire.models import DECISION_SCHEMAS  # noqa: E402
 
-TASK = {"id": "extract_financials", "version": "1"}
+TASK_ID = "extract_financials"
 CONTRACT = {"id": "financials", "schema_sha256": "ab" * 32}
 NAMESPACE = "research/entity-001"
 VICTIM, ATTACKER = "acme", "globex"
@@ -232,15 +239,6 @@ class CoreKeys:
         )
 
 
-def _prompt(parts: list[tuple[str, np.ndarray]]) -> dict[str, Any]:
-    toks: list[int] = []
-    segs = []
-    for role, t in parts:
-        segs.append({"role": role, "start": len(toks), "end": len(toks) + len(t)})
-        toks.extend(int(x) for x in t)
-    return {"token_ids": toks, "segments": segs}
-
-
 def core_pool(
     keys: CoreKeys, *, tokens: int, layout: str, tenant: str, pool: int, seed: int, null: bool = False
 ) -> dict[int, list[CapturedRequest]]:
@@ -256,32 +254,25 @@ def core_pool(
     rng = np.random.default_rng(seed)
 
     def toks(n: int) -> np.ndarray:
-        return rng.integers(0, 49152, n, dtype=np.int64)
+        return rng.integers(0, VOCAB_SIZE, n, dtype=np.int64)
 
     out: dict[int, list[CapturedRequest]] = {0: [], 1: []}
     for k in range(pool):
         sys_, instr, q, q2 = toks(24), toks(40), toks(30), toks(30)
         evidence = toks(tokens - 94)
-        donor = _prompt([("system", sys_), ("instruction", instr), ("evidence", evidence), ("question", q)])
-        payload = provenance_payload(
+        donor = token_prompt(
+            [("system", sys_), ("instruction", instr), ("evidence", evidence), ("question", q)]
+        )
+        payload = donor_payload(
             donor_id=f"d-{k}",
             tenant=VICTIM,
             namespace=NAMESPACE,
-            task=TASK,
-            response_contract=CONTRACT,
+            task_id=TASK_ID,
+            contract=CONTRACT,
             created_at=datetime(2026, 11, 28, 10, tzinfo=UTC),
-            expires_at=datetime(2026, 12, 5, 10, tzinfo=UTC),
-            policy_version="default@1",
-            token_ids=donor["token_ids"],
-            segments=donor["segments"],
-            text=donor.get("text"),
+            prompt=donor,
         )
-        cand = {
-            "donor_id": f"d-{k}",
-            "similarity": 0.9,
-            "prompt": donor,
-            "provenance": sign_provenance(payload, keys.provenance),
-        }
+        cand = candidate(f"d-{k}", 0.9, donor, sign_provenance(payload, keys.provenance))
         other = toks(len(evidence))
         # NOTE: which class is built first alternates, so that allocation order (where the parsed
         # objects land in memory, worth ~1% of the latency here) falls on both classes alike.
@@ -291,17 +282,16 @@ def core_pool(
                 parts = [("system", sys_), ("instruction", instr), ("evidence", ev), ("question", q2)]
             else:
                 parts = [("system", sys_), ("evidence", ev), ("question", q2)]
-            req = {
-                "schema": "semgov.captured_request/v1",
-                "request_id": f"r-{k}-{cls}",
-                "received_at": "2026-11-29T10:00:00Z",
-                "tenant": tenant,
-                "namespace": NAMESPACE,
-                "task": TASK,
-                "response_contract": CONTRACT,
-                "prompt": _prompt(parts),
-                "candidates": [cand],
-            }
+            req = captured_json(
+                request_id=f"r-{k}-{cls}",
+                received_at=datetime(2026, 11, 29, 10, tzinfo=UTC),
+                tenant=tenant,
+                namespace=NAMESPACE,
+                task_id=TASK_ID,
+                contract=CONTRACT,
+                prompt=token_prompt(parts),
+                candidates=[cand],
+            )
             out[cls].append(CapturedRequest.model_validate_json(json.dumps(req)))
     return out
 
@@ -310,8 +300,8 @@ def core_evaluator(engine: str, keys: CoreKeys) -> Evaluator:
     if engine == "yaml":
         return Evaluator(load_policy(ROOT / "policies" / "default"), keys.keyring, keys.decision)
     if engine == "regorus":
-        from semgov.rego_engines import RegorusEngine
-        from semgov.rego_policy import load_rego_policy
+        from semgov.policy.rego.engines import RegorusEngine
+        from semgov.policy.rego.loader import load_rego_policy
 
         pol = load_rego_policy(ROOT / "policies" / "rego" / "default")
         return Evaluator(pol, keys.keyring, keys.decision, engine=RegorusEngine(pol))
@@ -329,7 +319,7 @@ def core_probe(ev: Evaluator, reqs: dict[int, list[CapturedRequest]]) -> Probe:
 
 
 class _SpanTimer:
-    """Stands in for ``semgov.facts.find_spans`` and adds up the time spent in it."""
+    """Stands in for ``semgov.facts.compute.find_spans`` and adds up the time spent in it."""
 
     def __init__(self, inner: Callable[..., Any]) -> None:
         self.inner = inner
@@ -422,7 +412,7 @@ def hook_files(directory: Path) -> Any:
     """What tests/sglang_hook's ``hook_files`` fixture does: real keys, keyring, context key, policy
     (the default's gates, no recompute planned: the in-tenant reference reuse is a front copy)."""
     hc = _harness_module()
-    from semgov.keys import generate_keypair, key_id_for, load_public_key
+    from semgov.signing.keys import generate_keypair, key_id_for, load_public_key
 
     priv, pub = generate_keypair(directory / "keys")
     trust = directory / "keyring.json"

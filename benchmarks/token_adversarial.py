@@ -32,8 +32,6 @@ import argparse
 import json
 import math
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from semgov._internal.tokens import SegmentTable, SpanWork, find_spans
+from semgov.facts.tokens import SegmentTable, SpanWork, find_spans
 
 ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples"
@@ -221,7 +219,7 @@ def captured_line(lay: Layout, request_id: str) -> str:
     payload = provenance_payload(
         donor_id="d-1", tenant="acme", namespace="research/entity-001", task=task, response_contract=contract,
         created_at=datetime(2026, 11, 28, 10, tzinfo=UTC), expires_at=datetime(2026, 12, 5, 10, tzinfo=UTC),
-        policy_version="default@1", token_ids=lay.d.tolist(),
+        policy_version="default@1", token_ids=lay.d.tolist(), segments=lay.dseg,
     )  # fmt: skip
     rogue = load_signing_key(EX / "keys" / "provenance-rogue.pem")
     req = {
@@ -234,23 +232,11 @@ def captured_line(lay: Layout, request_id: str) -> str:
     return json.dumps(req, separators=(",", ":"))
 
 
-def time_check(path: Path, repeat: int) -> list[float]:
-    taskset = shutil.which("taskset")
-    cmd = [
-        *([taskset, "-c", "0"] if taskset else []),
-        sys.executable, "-m", "semgov.cli.main", "check", str(path),
-        "--policy", str(ROOT / "policies" / "default"), "--trust", str(EX / "keyring.json"),
-        "--signing-key", str(EX / "keys" / "decision-signing-key.pem"), "--format", "jsonl",
-    ]  # fmt: skip
-    out = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        out.append(time.perf_counter() - t)
-    return sorted(out)
-
-
 def check_table(tokens: list[int], repeat: int) -> None:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks.check_throughput import time_check
+
     print(
         f"semgov check, one captured request, one candidate, 1 core, {repeat} runs each (process start incl.)"
     )

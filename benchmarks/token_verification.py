@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from semgov._internal.tokens import SegmentTable, find_spans
+from semgov.facts.tokens import SegmentTable, find_spans
 
 
 def seg(parts: list[tuple[str, int]]) -> SegmentTable:

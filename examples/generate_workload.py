@@ -55,7 +55,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -64,19 +64,35 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import semgov
-from semgov.keys import SigningKey, public_pem
+from engine_hooks.reference.workload import (
+    ALLOW_BASES,
+    REALISTIC_DESIGN,
+    START,
+    TENANTS,
+    TTL,
+    VOCAB_SIZE,
+    Entity,
+    Json,
+    Task,
+    candidate,
+    captured_json,
+    contract_ref,
+    donor_payload,
+    entity_namespace,
+    expected,
+    musd,
+    question_text,
+    rfc3339,
+    segment_tokens,
+    ticker,
+)
+from semgov.signing.keys import SigningKey, public_pem
 
 EXAMPLES = Path(__file__).resolve().parent
 KEYS_DIR = EXAMPLES / "keys"
 KEYRING = EXAMPLES / "keyring.json"
-VOCAB_SIZE = 49152
-START = datetime(2026, 11, 20, 8, 0, tzinfo=UTC)
 WINDOW_S = 5 * 86400  # all calls fall in five days, within the 7-day provenance TTL
-TTL = timedelta(days=7)
-POLICY_VERSION = "default@1"
 RECENT_PER_TENANT = 300  # cross-entity neighbours come from this many recent calls
-
-Json = dict[str, Any]
 
 # --- tokenizer ---------------------------------------------------------------
 
@@ -115,14 +131,6 @@ SCHEMAS = {
     ("risk_summary", 2): '{"type":"object","required":["register"],"properties":{"register":{"type":"array",'
     '"items":{"required":["risk","likelihood","impact","horizon","mitigation","quote"]}}}}',
 }
-
-
-@dataclass(frozen=True)
-class Task:
-    id: str
-    contract: str
-    templates: tuple[str, str, str]
-    questions: tuple[str, ...]
 
 
 TASKS = (
@@ -235,10 +243,6 @@ CITIES = ("Columbus", "Denver", "Raleigh", "Minneapolis", "Austin", "Pittsburgh"
 MONTHS = ("October", "November")
 
 
-def _musd(x: float, digits: int = 1) -> str:
-    return f"${x:,.{digits}f} million"
-
-
 def _evidence(name: str, ticker: str, sector: str, rng: random.Random, target: int) -> str:
     """A research file for one company: figures first, then risks, about ``target`` tokens."""
     segs, capex_use, inv_reason, sector_risk = SECTORS[sector]
@@ -257,36 +261,36 @@ def _evidence(name: str, ticker: str, sector: str, rng: random.Random, target: i
         f"released {rng.choice(MONTHS)} {rng.randint(2, 12)}, 2026, and the annual report for fiscal 2025.",
         f"{name} is a {sector} company based in {rng.choice(CITIES)} with {head:,} employees at quarter "
         f"end, up from {int(head / u(0.9, 1.12)):,} a year earlier.",
-        f"Revenue for the quarter ended September 30, 2026 was {_musd(rev)}, "
-        f"{up_down[growth < 0]} {abs(growth):.1f}% from {_musd(rev / (1 + growth / 100))} a year earlier.",
+        f"Revenue for the quarter ended September 30, 2026 was {musd(rev)}, "
+        f"{up_down[growth < 0]} {abs(growth):.1f}% from {musd(rev / (1 + growth / 100))} a year earlier.",
     ]
     body = [
         f"Gross margin was {gm:.1f}%, {rng.choice(up_down)} {rng.randint(20, 240)} basis points, as "
         f"{rng.choice(('pricing offset input costs', 'mix shifted to services', 'freight costs eased'))}.",
-        f"Operating income was {_musd(rev * om / 100)}, an operating margin of {om:.1f}% compared with "
+        f"Operating income was {musd(rev * om / 100)}, an operating margin of {om:.1f}% compared with "
         f"{om + u(-3, 3):.1f}% a year ago.",
-        f"Net income was {_musd(ni)}, or ${ni / shares:.2f} per diluted share, on {shares:.1f} million "
+        f"Net income was {musd(ni)}, or ${ni / shares:.2f} per diluted share, on {shares:.1f} million "
         "diluted shares.",
-        f"The {segs[0]} segment contributed {_musd(rev * parts[0] / 100)}, {parts[0]}% of revenue, and "
-        f"grew {u(-4, 30):.1f}%, while {segs[1]} brought in {_musd(rev * parts[1] / 100)} and {segs[2]} "
-        f"{_musd(rev * parts[2] / 100)}.",
-        f"Cash and equivalents were {_musd(cash)} against total debt of {_musd(debt)}, and net leverage "
+        f"The {segs[0]} segment contributed {musd(rev * parts[0] / 100)}, {parts[0]}% of revenue, and "
+        f"grew {u(-4, 30):.1f}%, while {segs[1]} brought in {musd(rev * parts[1] / 100)} and {segs[2]} "
+        f"{musd(rev * parts[2] / 100)}.",
+        f"Cash and equivalents were {musd(cash)} against total debt of {musd(debt)}, and net leverage "
         f"stood at {u(0.2, 3.8):.1f} times trailing EBITDA.",
-        f"Free cash flow for the first nine months was {_musd(rev * u(0.1, 0.5))}, and the company "
-        f"repurchased {shares * u(0.005, 0.03):.1f} million shares for {_musd(rev * u(0.02, 0.12))}.",
-        f"Capital expenditure was {_musd(rev * u(0.02, 0.09))} in the quarter, mostly for {capex_use}.",
+        f"Free cash flow for the first nine months was {musd(rev * u(0.1, 0.5))}, and the company "
+        f"repurchased {shares * u(0.005, 0.03):.1f} million shares for {musd(rev * u(0.02, 0.12))}.",
+        f"Capital expenditure was {musd(rev * u(0.02, 0.09))} in the quarter, mostly for {capex_use}.",
         f"Management {rng.choice(('raised', 'reaffirmed', 'lowered'))} full-year revenue guidance at "
-        f"{_musd(lo, 0)} to {_musd(lo * u(1.02, 1.05), 0)} and expects an operating margin of about "
+        f"{musd(lo, 0)} to {musd(lo * u(1.02, 1.05), 0)} and expects an operating margin of about "
         f"{om + u(-1.5, 1.5):.1f}%.",
-        f"Order backlog was {_musd(rev * u(0.6, 2.5), 0)}, {rng.choice(up_down)} {u(0.5, 9):.1f}% from "
+        f"Order backlog was {musd(rev * u(0.6, 2.5), 0)}, {rng.choice(up_down)} {u(0.5, 9):.1f}% from "
         "the prior quarter.",
         f"The largest customer accounted for {rng.randrange(4, 23)}% of revenue and the ten largest for "
         f"{rng.randrange(25, 61)}%.",
         f"About {rng.randrange(12, 61)}% of sales are invoiced in currencies other than the US dollar, so "
         "a stronger dollar would weigh on reported growth.",
-        f"Notes of {_musd(debt * u(0.2, 0.6), 0)} mature in {rng.randint(2027, 2030)}, and the credit "
+        f"Notes of {musd(debt * u(0.2, 0.6), 0)} mature in {rng.randint(2027, 2030)}, and the credit "
         f"facility requires net leverage below {u(3.5, 4.5):.1f} times.",
-        f"Inventory rose to {_musd(rev * u(0.1, 0.4))}, or {rng.randint(45, 160)} days of supply, which "
+        f"Inventory rose to {musd(rev * u(0.1, 0.4))}, or {rng.randint(45, 160)} days of supply, which "
         f"management attributed to {inv_reason}.",
         sector_risk.format(x=u(3, 28), r=rng.randint(72, 118), y=rng.randint(2027, 2031)),
         "The company disclosed an open regulatory inquiry in "
@@ -307,27 +311,16 @@ def _evidence(name: str, ticker: str, sector: str, rng: random.Random, target: i
     return " ".join(head_sentences + [body[i] for i in sorted(keep)])
 
 
-@dataclass(frozen=True)
-class Entity:
-    index: int
-    tenant: str
-    namespace: str
-    name: str
-    evidence: str
-
-
 def make_entities(n: int, rng: random.Random, evidence_tokens: int) -> list[Entity]:
     names = [f"{p} {s}" for p in PREFIXES for s in SUFFIXES]
     rng.shuffle(names)
-    tenants = sorted(SYSTEM)
     out = []
     for i in range(n):
         name = names[i % len(names)]
-        ticker = (name.split()[0][:3] + name.split()[1][0]).upper()
         target = round(evidence_tokens * rng.uniform(0.72, 1.2))
         sector = rng.choice(sorted(SECTORS))
-        evidence = _evidence(name, ticker, sector, rng, target)
-        out.append(Entity(i, tenants[i % len(tenants)], f"research/entity-{i:03d}", name, evidence))
+        evidence = _evidence(name, ticker(name), sector, rng, target)
+        out.append(Entity(i, TENANTS[i % len(TENANTS)], entity_namespace(i), name, evidence))
     return out
 
 
@@ -336,21 +329,10 @@ def make_entities(n: int, rng: random.Random, evidence_tokens: int) -> list[Enti
 
 def build_prompt(parts: list[tuple[str, str]]) -> Json:
     """Tokenize each segment on its own; a separator ends every segment text but the last."""
-    ids: list[int] = []
-    segments: list[Json] = []
-    texts: list[str] = []
-    for i, (role, text) in enumerate(parts):
-        text = text if i == len(parts) - 1 else text + "\n\n"
-        toks = tokenize(text)
-        segments.append({"role": role, "start": len(ids), "end": len(ids) + len(toks)})
-        ids.extend(toks)
-        texts.append(text)
-    return {"token_ids": ids, "text": "".join(texts), "segments": segments}
-
-
-def contract(task: Task, template: int) -> Json:
-    schema = SCHEMAS[(task.contract, 2 if template == 2 else 1)]
-    return {"id": task.contract, "schema_sha256": hashlib.sha256(schema.encode()).hexdigest()}
+    last = len(parts) - 1
+    texts = [(role, text if i == last else text + "\n\n") for i, (role, text) in enumerate(parts)]
+    ids, segments = segment_tokens((role, tokenize(text)) for role, text in texts)
+    return {"token_ids": ids, "text": "".join(text for _, text in texts), "segments": segments}
 
 
 @dataclass(frozen=True)
@@ -364,7 +346,7 @@ class Call:
 
     @property
     def contract(self) -> Json:
-        return contract(self.task, self.template)
+        return contract_ref(SCHEMAS, self.task, self.template)
 
     def parts(self, evidence_extra: str = "") -> list[tuple[str, str]]:
         e = self.entity
@@ -372,16 +354,12 @@ class Call:
             ("system", SYSTEM[e.tenant]),
             ("instruction", self.task.templates[self.template]),
             ("evidence", e.evidence + evidence_extra),
-            ("question", self.task.questions[self.question].format(name=e.name)),
+            ("question", question_text(self.task, self.question, e.name)),
         ]
 
     @property
     def prompt(self) -> Json:
         return build_prompt(self.parts())
-
-
-def rfc3339(dt: datetime) -> str:
-    return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def plan_calls(entities: list[Entity], calls: int, rng: random.Random) -> list[Call]:
@@ -425,37 +403,33 @@ class Keys:
 
 
 def payload(donor: Call, prompt: Json, **changes: Any) -> Json:
-    p: Json = semgov.provenance_payload(
+    return donor_payload(
         donor_id=donor.request_id,
         tenant=donor.entity.tenant,
         namespace=donor.entity.namespace,
-        task={"id": donor.task.id, "version": "1"},
-        response_contract=donor.contract,
+        task_id=donor.task.id,
+        contract=donor.contract,
         created_at=donor.received_at,
-        expires_at=donor.received_at + TTL,
-        policy_version=POLICY_VERSION,
-        token_ids=prompt["token_ids"],
-        segments=prompt["segments"],
-        text=prompt.get("text"),
+        prompt=prompt,
+        changes=changes,
     )
-    p.update(changes)
-    return p
 
 
 def sign(p: Json, key: SigningKey) -> Json:
     return semgov.sign_provenance(p, key)
 
 
-REALISTIC = {  # cohort: (expected decision, similarity range, weight)
-    "exact": ("allow", (0.97, 1.0), 30),
-    "question": ("allow", (0.75, 0.9), 22),
-    "shifted": ("allow", (0.85, 0.95), 20),
-    "instruction": ("deny", (0.8, 0.92), 7),
-    "task": ("deny", (0.65, 0.82), 7),
-    "entity_swap": ("deny", (0.7, 0.85), 3),
-    "unrelated": ("deny", (0.2, 0.55), 3),
+WEIGHTS = {  # how often each realistic cohort is drawn, relative to the others
+    "exact": 30,
+    "question": 22,
+    "shifted": 20,
+    "instruction": 7,
+    "task": 7,
+    "entity_swap": 3,
+    "unrelated": 3,
 }
-ALLOW_BASES = ("exact", "question", "shifted")
+# cohort: (expected decision, similarity range, weight)
+REALISTIC = {c: (*REALISTIC_DESIGN[c], w) for c, w in WEIGHTS.items()}
 MUTATIONS = tuple(
     "other_tenant expired stale_policy tampered unknown_key revoked_key pii_declared pii_text".split()
 )
@@ -554,14 +528,7 @@ def candidates(
         else:
             prompt, prov = mutated(cohort, call, donor, keys, rng)
             expect[donor.request_id] = "deny"
-        cands.append(
-            {
-                "donor_id": donor.request_id,
-                "similarity": round(rng.uniform(lo, hi), 4),
-                "prompt": prompt,
-                "provenance": prov,
-            }
-        )
+        cands.append(candidate(donor.request_id, round(rng.uniform(lo, hi), 4), prompt, prov))
         counts[cohort] += 1
     return cands, expect
 
@@ -577,18 +544,17 @@ def generate(
         e = call.entity
         mine = history.setdefault(e.index, [])
         cands, expect = candidates(call, mine, recent[e.tenant], keys, rng, counts)
-        yield {
-            "schema": "semgov.captured_request/v1",
-            "request_id": call.request_id,
-            "received_at": rfc3339(call.received_at),
-            "tenant": e.tenant,
-            "namespace": e.namespace,
-            "task": {"id": call.task.id, "version": "1"},
-            "response_contract": call.contract,
-            "prompt": call.prompt,
-            "candidates": cands,
-            "expect": expect,
-        }
+        yield captured_json(
+            request_id=call.request_id,
+            received_at=call.received_at,
+            tenant=e.tenant,
+            namespace=e.namespace,
+            task_id=call.task.id,
+            contract=call.contract,
+            prompt=call.prompt,
+            candidates=cands,
+            expect=expect,
+        )
         mine.append(call)
         recent[e.tenant].append(call)
 
@@ -693,8 +659,7 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(counts.values())
     print(f"{'cohort':<14}{'expect':>7}{'count':>8}{'share':>8}")
     for c in COHORTS:
-        exp = REALISTIC[c][0] if c in REALISTIC else "deny"
-        print(f"{c:<14}{exp:>7}{counts[c]:>8}{counts[c] / max(total, 1):>8.1%}")
+        print(f"{c:<14}{expected(c):>7}{counts[c]:>8}{counts[c] / max(total, 1):>8.1%}")
     print(f"{'total':<14}{'':>7}{total:>8}")
     print(
         f"{requests} requests, {total} candidates -> {args.out} "

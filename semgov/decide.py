@@ -1,4 +1,4 @@
-"""The data path: captured request -> facts -> policy input -> decision -> signed record.
+"""The data path: captured request -> facts -> policy input -> decision -> signed record -> sink.
 
 :class:`Evaluator` is the one entry point that ``semgov check``, ``semgov bench``
 and the engine hook share. It never raises for bad candidate data: any error
@@ -7,134 +7,40 @@ becomes a gate ``error`` and a signed ``deny``.
 
 from __future__ import annotations
 
-import bisect
 import concurrent.futures
-import itertools
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 from semgov._internal.deadline import Clock, Deadline, DeadlineExceeded
-from semgov._internal.log import get_logger
-from semgov._internal.pii import PiiScanner
-from semgov._internal.timefmt import rfc3339
-from semgov.capture import MalformedLine
-from semgov.engine import ApprovedSpan, EngineResult, GateOutcome, PolicyEngine, PolicySource
-from semgov.facts import FactContext, PreparedPrompt, compute_facts, verify_ahead
-from semgov.keys import Keyring, SigningKey
-from semgov.limits import LimitError, Limits, resolve
-from semgov.models import DECISION_SCHEMA, GATES, Candidate, CapturedRequest, Prompt, Provenance
-from semgov.policy_input import PolicyInput, SpanFacts
-from semgov.records import sign_record_canonical
+from semgov.facts.compute import FactContext, PreparedPrompt, compute_facts, verify_ahead
+from semgov.facts.pii import PiiScanner
+from semgov.intake.capture import MalformedLine
+from semgov.intake.limits import LimitError, Limits, resolve
+from semgov.log import get_logger
+from semgov.policy.checks import checked_result, engine_failure
+from semgov.policy.engine import ApprovedSpan, EngineResult, PolicyEngine, PolicySource
+from semgov.policy.source import make_engine
+from semgov.signing.keys import Keyring, SigningKey
+from semgov.signing.records import sign_record_canonical
+from semgov.typing import DecisionSink, SignedDecision
+from semgov.wire.models import DECISION_SCHEMA, Candidate, CapturedRequest, Prompt, Provenance
+from semgov.wire.policy_input import PolicyInput
+from semgov.wire.timefmt import rfc3339
 
-
-@dataclass(frozen=True, slots=True)
-class SignedDecision:
-    """A signed decision record and its canonical bytes (one JSON line, no newline)."""
-
-    record: dict[str, Any]
-    canonical: bytes
-
-    @property
-    def decision(self) -> str:
-        return str(self.record["decision"])
-
-    @property
-    def donor_id(self) -> str:
-        return str(self.record["donor_id"])
-
-    @property
-    def approved_spans(self) -> list[dict[str, Any]]:
-        return list(self.record["approved_spans"])
-
-
-def _engine_failure(reason: str) -> EngineResult:
-    return EngineResult([GateOutcome(gate=g, result="error", detail=reason) for g in GATES], [])
+__all__ = ["Evaluator", "SignedDecision"]  # NOTE: SignedDecision is defined in semgov.typing
 
 
 def _over_limit(reason: str) -> EngineResult:
     """A refused input: every gate ``error``, naming the limit (nothing was computed or decided)."""
-    return _engine_failure(f"input limit exceeded: {reason}")
+    return engine_failure(f"input limit exceeded: {reason}")
 
 
 def _late(timeout: float) -> EngineResult:
     """A candidate whose facts were not computed within the decision timeout: every gate ``error``."""
-    return _engine_failure(f"fact computation exceeded {timeout:g} s (the decision timeout); not decided")
-
-
-class _Verified:
-    """The verified spans, indexed for containment queries in O(log V).
-
-    NOTE: per (diagonal, kind), spans sorted by recipient start with the running maximum of their
-    ends: a span lies inside one of them iff, among those starting at or before it, the furthest
-    end reaches its end. Exactly the old linear ``any(...)`` test, whether or not spans overlap.
-    """
-
-    def __init__(self, spans: Sequence[SpanFacts]) -> None:
-        groups: dict[tuple[int, str], list[tuple[int, int]]] = {}
-        key: tuple[int, str]
-        for v in spans:
-            key = (v.donor_start - v.recipient_start, v.kind)
-            groups.setdefault(key, []).append((v.recipient_start, v.recipient_start + v.length))
-        self._index: dict[tuple[int, str], tuple[list[int], list[int]]] = {}
-        for key, ivs in groups.items():
-            ivs.sort()
-            self._index[key] = ([a for a, _ in ivs], list(itertools.accumulate((b for _, b in ivs), max)))
-
-    def contains(self, s: ApprovedSpan) -> bool:
-        found = self._index.get((s.donor_start - s.recipient_start, s.kind))
-        if found is None:
-            return False
-        starts, reach = found
-        i = bisect.bisect_right(starts, s.recipient_start) - 1
-        return i >= 0 and s.recipient_start + s.length <= reach[i]
-
-
-def checked_result(result: EngineResult, doc: PolicyInput) -> EngineResult:
-    """Fail closed on a malformed engine result or on spans that were not verified.
-
-    NOTE: invariant: an approved span always lies inside a span that token
-    verification found identical, whatever the engine says.
-    """
-    got = tuple(g.gate for g in result.gates)
-    if got != GATES:
-        return _engine_failure(f"engine returned gates {list(got)}, expected {list(GATES)}")
-    for g in result.gates:
-        if g.result not in ("pass", "fail", "error") or not isinstance(g.detail, str):
-            return _engine_failure(f"engine returned a malformed outcome for gate {g.gate}: {g.result!r}")
-    if not all(g.result == "pass" for g in result.gates):
-        return EngineResult(result.gates, [])
-    verified = _Verified(doc.facts.tokens.spans if doc.facts.tokens is not None else [])
-    ordered = sorted(result.approved_spans, key=lambda s: s.recipient_start)
-    overlap = any(a.recipient_start + a.length > b.recipient_start for a, b in itertools.pairwise(ordered))
-    for s in result.approved_spans:
-        ok = (
-            not overlap and verified.contains(s) and type(s.recompute) is int and 0 <= s.recompute <= s.length
-        )
-        if not ok:
-            gates = [
-                g
-                if g.gate != "token_verification"
-                else GateOutcome(
-                    gate=g.gate,
-                    result="error",
-                    detail=f"engine approved overlapping, unverified or ill-planned spans, e.g. {s!r}",
-                )
-                for g in result.gates
-            ]
-            return EngineResult(gates, [])
-    if not result.approved_spans:
-        gates = [
-            g
-            if g.gate != "token_verification"
-            else GateOutcome(gate=g.gate, result="fail", detail="no approved spans")
-            for g in result.gates
-        ]
-        return EngineResult(gates, [])
-    return result
+    return engine_failure(f"fact computation exceeded {timeout:g} s (the decision timeout); not decided")
 
 
 class Evaluator:
@@ -150,6 +56,10 @@ class Evaluator:
     fact computation (checked between candidates and inside the span search) and the policy engine
     (which gets what is left) must finish by it. A candidate whose facts are not ready by then is a
     signed deny with every gate ``error`` ("fact computation exceeded ... s").
+
+    ``sink`` (a :class:`~semgov.typing.DecisionSink`, e.g. ``AuditSink(audit_log)``) receives every
+    signed decision :meth:`evaluate` and :meth:`deny_malformed` return, in order, before they
+    return: the one place the data path ends in an audit log.
     """
 
     def __init__(
@@ -163,7 +73,9 @@ class Evaluator:
         limits: Limits | None = None,
         engine_timeout: float | None = None,
         monotonic: Clock = time.monotonic,
+        sink: DecisionSink | None = None,
     ) -> None:
+        self.sink = sink
         if engine_timeout is not None and not engine_timeout > 0:
             raise ValueError(f"engine_timeout must be positive, not {engine_timeout}")
         self.engine_timeout = engine_timeout
@@ -172,7 +84,7 @@ class Evaluator:
         self._engine_busy: concurrent.futures.Future[Any] | None = None
         self.policy = policy
         self.limits = resolve(limits)
-        self.engine: PolicyEngine = engine if engine is not None else policy.make_engine()
+        self.engine: PolicyEngine = engine if engine is not None else make_engine(policy)
         self.signing_key = signing_key
         self.ctx = FactContext(keyring, pii_scanner if pii_scanner is not None else PiiScanner())
         self._policy_ref = {
@@ -299,7 +211,7 @@ class Evaluator:
                 raise result
             return checked_result(result, doc)
         except Exception as e:  # noqa: BLE001 - fail closed
-            return _engine_failure(f"policy engine {self.engine.name} failed: {type(e).__name__}: {e}")
+            return engine_failure(f"policy engine {self.engine.name} failed: {type(e).__name__}: {e}")
 
     def evaluate(self, req: CapturedRequest, now: datetime | None = None) -> list[SignedDecision]:
         """Decide and sign every candidate. ``now`` defaults to the request's ``received_at``.
@@ -313,7 +225,7 @@ class Evaluator:
         clock = now if now is not None else req.received_at
         refused = self.limits.request_problem(req)
         if refused is not None:
-            return [self._refuse(req, c.donor_id, refused, clock) for c in req.candidates]
+            return self._emit([self._refuse(req, c.donor_id, refused, clock) for c in req.candidates])
         recipient = PreparedPrompt.of(req.prompt)
         out: list[SignedDecision | None] = []
         docs: list[PolicyInput] = []
@@ -330,7 +242,7 @@ class Evaluator:
             docs.append(doc)
         results = self.decide_all(docs, deadline)
         decided = iter([self._record(req, doc, r) for doc, r in zip(docs, results, strict=True)])
-        return [d if d is not None else next(decided) for d in out]
+        return self._emit([d if d is not None else next(decided) for d in out])
 
     def _facts(
         self,
@@ -376,19 +288,28 @@ class Evaluator:
         """Signed denies for the donors a malformed request line asked about (if any are known)."""
         if bad.request_id is None:
             return []
-        result = _engine_failure(f"malformed request (line {bad.line}): {bad.reason}")
-        return [
-            self._sign(
-                bad.request_id,
-                bad.tenant,
-                bad.namespace,
-                donor,
-                result,
-                recipient_tokens=0,
-                evaluated_at=rfc3339(now),
-            )
-            for donor in bad.donor_ids
-        ]
+        result = engine_failure(f"malformed request (line {bad.line}): {bad.reason}")
+        return self._emit(
+            [
+                self._sign(
+                    bad.request_id,
+                    bad.tenant,
+                    bad.namespace,
+                    donor,
+                    result,
+                    recipient_tokens=0,
+                    evaluated_at=rfc3339(now),
+                )
+                for donor in bad.donor_ids
+            ]
+        )
+
+    def _emit(self, decisions: list[SignedDecision]) -> list[SignedDecision]:
+        """Hand each signed decision to the sink, in order (the data path's last step)."""
+        if self.sink is not None:
+            for d in decisions:
+                self.sink.put(d)
+        return decisions
 
     def _record(self, req: CapturedRequest, doc: PolicyInput, result: EngineResult) -> SignedDecision:
         return self._sign(

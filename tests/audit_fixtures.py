@@ -1,7 +1,7 @@
 """Shared helpers for the audit log tests: real signed records, real logs, and frame surgery.
 
 Records are real: decisions from the evaluator over the default policy and engine events signed
-with :func:`semgov.engine_events.sign_engine_event`, by the test asset key or by keys made with
+with :func:`semgov.signing.engine_events.sign_engine_event`, by the test asset key or by keys made with
 ``semgov keys generate``. Frames are split by hand from the documented format (docs/formats.md),
 so a test can copy, move or forge one exactly as someone with write access to the directory can.
 """
@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from semgov import Evaluator, SigningKey, load_policy, load_signing_key
-from semgov.audit.store import FRAME_HEADER, LOG_FILE, AuditLog
-from semgov.engine_events import engine_event, sign_engine_event
-from semgov.keys import load_public_key
+from semgov.audit.frames import FRAME_HEADER, LOG_FILE
+from semgov.audit.store import AuditLog
+from semgov.signing.engine_events import engine_event, sign_engine_event
+from semgov.signing.keys import load_public_key
 from tests.conftest import ASSETS, DEFAULT_POLICY_DIR, candidate, parse, request
 
 KEY = load_signing_key(ASSETS / "decision-signing-key.pem")

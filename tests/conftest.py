@@ -14,10 +14,10 @@ import structlog
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from semgov import Evaluator, Keyring, SigningKey, load_policy, provenance_payload, sign_provenance
-from semgov._internal.pii import PiiScanner
-from semgov.keys import TrustedKey
-from semgov.models import CapturedRequest
-from semgov.policy import Policy, parse_policy
+from semgov.facts.pii import PiiScanner
+from semgov.policy.yaml.model import Policy, parse_policy
+from semgov.signing.keys import TrustedKey
+from semgov.wire.models import CapturedRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = Path(__file__).resolve().parent / "assets"

@@ -18,15 +18,15 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from semgov import Evaluator, Keyring, SigningKey, sign_provenance
-from semgov._internal.pii import PiiScanner
-from semgov.canonical import canonicalize
-from semgov.capture import MalformedLine, parse_line
 from semgov.errors import PolicyError
-from semgov.keys import TrustedKey
-from semgov.models import GATES, CapturedRequest
-from semgov.policy import load_policy, parse_policy
-from semgov.records import verify_record
-from semgov.rego_policy import load_rego_policy
+from semgov.facts.pii import PiiScanner
+from semgov.intake.capture import MalformedLine, parse_line
+from semgov.policy.rego.loader import load_rego_policy
+from semgov.policy.yaml.model import load_policy, parse_policy
+from semgov.signing.canonical import canonicalize
+from semgov.signing.keys import TrustedKey
+from semgov.signing.records import verify_record
+from semgov.wire.models import GATES, CapturedRequest
 from tests.conftest import (
     DEFAULT_POLICY_DIR,
     ROOT,

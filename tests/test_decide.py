@@ -10,8 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from semgov import Evaluator
-from semgov._internal.pii import PiiScanner
-from semgov.models import GATES, CapturedRequest
+from semgov.facts.pii import PiiScanner
+from semgov.policy.source import make_engine
+from semgov.wire.models import GATES, CapturedRequest
 from tests.conftest import Keys, candidate, gate, policy_with, request, segs, with_text
 
 # Low thresholds so that random small prompts are allowed often enough to test allows.
@@ -123,6 +124,34 @@ def test_register_donor_scans_once_ahead_of_decisions(keys: Keys) -> None:
     assert ev.register_donor(parse(request([candidate(keys)])).candidates[0].prompt) is None  # no text
 
 
+def test_sink_receives_every_signed_decision_in_order(keys: Keys, pii_scanner: PiiScanner) -> None:
+    """A sink gets each decision evaluate and deny_malformed return, in order, before they return."""
+    from datetime import UTC, datetime
+
+    from semgov import load_policy
+    from semgov.intake.capture import MalformedLine
+    from semgov.typing import AuditSink
+    from tests.conftest import DEFAULT_POLICY_DIR, parse
+
+    class Log:
+        def __init__(self) -> None:
+            self.records: list[bytes] = []
+
+        def append(self, record: bytes) -> None:
+            self.records.append(record)
+
+    log = Log()
+    ev = Evaluator(
+        load_policy(DEFAULT_POLICY_DIR), keys.keyring, keys.decision, pii_scanner=pii_scanner,
+        sink=AuditSink(log),
+    )  # fmt: skip
+    ds = ev.evaluate(parse(request([candidate(keys, "r-03"), candidate(keys, "r-04")])))
+    bad = MalformedLine(7, "not JSON", "q-9", "acme", "research/shared", ("r-05",))
+    ds += ev.deny_malformed(bad, datetime(2026, 12, 2, tzinfo=UTC))
+    assert [d.canonical for d in ds] == log.records and len(log.records) == 3
+    assert [d.donor_id for d in ds] == ["r-03", "r-04", "r-05"]
+
+
 def test_engine_timeout_denies_with_every_gate_error(keys: Keys, pii_scanner: PiiScanner) -> None:
     """With engine_timeout, an engine that does not answer in time gives a signed deny naming the timeout."""
     import threading
@@ -132,7 +161,7 @@ def test_engine_timeout_denies_with_every_gate_error(keys: Keys, pii_scanner: Pi
 
     release = threading.Event()
     policy = load_policy(DEFAULT_POLICY_DIR)
-    real = policy.make_engine()
+    real = make_engine(policy)
 
     class Slow:
         name = "slow"
@@ -163,7 +192,7 @@ def test_register_donor_prepares_the_donor_once_for_every_decision(
     keys: Keys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A registered donor's tokens and hashes are prepared once; decisions on that prompt reuse them."""
-    import semgov.facts as facts_mod
+    import semgov.facts.compute as facts_mod
     from semgov import load_policy
     from tests.conftest import DEFAULT_POLICY_DIR, parse
 
@@ -187,8 +216,8 @@ def test_register_donor_prepares_the_donor_once_for_every_decision(
 
 def test_donor_digest_never_hits_for_a_recycled_object_id(keys: Keys) -> None:
     """A digest is taken only for the very prompt object it was made from (a weak reference confirms it)."""
-    from semgov.facts import DonorDigest, _ByIdentity
-    from semgov.models import Prompt
+    from semgov.facts.compute import DonorDigest, _ByIdentity
+    from semgov.wire.models import Prompt
     from tests.conftest import parse
 
     cache = _ByIdentity(DonorDigest.of, size=8)
@@ -226,7 +255,7 @@ def test_register_provenance_verifies_ahead_so_the_first_decision_does_not(
     keys: Keys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """register_provenance verifies the signature once; the donor's decisions then find it cached."""
-    import semgov.facts as facts_mod
+    import semgov.facts.compute as facts_mod
     from semgov import load_policy
     from tests.conftest import DEFAULT_POLICY_DIR, parse
 

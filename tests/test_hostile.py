@@ -663,7 +663,7 @@ def test_semantic_mode_catches_an_unbound_text(monkeypatch: pytest.MonkeyPatch) 
     import io
 
     from benchmarks.hostile_semantic import run
-    from semgov import facts
+    from semgov.facts import compute as facts
 
     monkeypatch.setattr(facts, "_text_bound", lambda text, p: True)
     out = io.StringIO()

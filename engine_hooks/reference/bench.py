@@ -53,11 +53,14 @@ from engine_hooks.reference.bench_workload import (
     prefix_case,
     value_present,
 )
+from engine_hooks.reference.workload import common_prefix, rfc3339
 from semgov import CapturedRequest, Evaluator, load_policy
-from semgov._internal.stats import wilson
 from semgov.audit.store import AuditLog
-from semgov.facts import FactContext, PreparedPrompt, compute_facts
-from semgov.policy_input import SpanFacts
+from semgov.facts.compute import FactContext, PreparedPrompt, compute_facts
+from semgov.stats import wilson
+from semgov.typing import AuditSink
+from semgov.wire.models import span_dict
+from semgov.wire.policy_input import SpanFacts
 
 Json = dict[str, Any]
 ARMS = ("exact_only", "similarity_only", "governed")
@@ -112,15 +115,6 @@ class BenchConfig:
 # --- small helpers --------------------------------------------------------------------------
 
 
-def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def kl_divergence(cold_logits: torch.Tensor, warm_logits: torch.Tensor) -> float:
     """KL(cold || warm) in nats between two next-token distributions (float64)."""
     p = torch.log_softmax(cold_logits.detach().reshape(-1).to(torch.float64), dim=-1)
@@ -134,10 +128,8 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     """First position where two greedy outputs differ; None when identical."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+    n = common_prefix(a, b)
+    return None if n == len(a) == len(b) else n
 
 
 def _median(xs: Sequence[float]) -> float | None:
@@ -159,13 +151,8 @@ def _pin_threads(n: int) -> None:
         pass
 
 
-def _span(s: Any) -> Json:
-    return {
-        "recipient_start": s.recipient_start,
-        "donor_start": s.donor_start,
-        "length": s.length,
-        "kind": s.kind,
-    }
+def _prefix_span(length: int) -> Json:
+    return {"recipient_start": 0, "donor_start": 0, "length": length, "kind": "prefix"}
 
 
 @dataclass
@@ -234,7 +221,6 @@ class Bench:
         self.keys = BenchKeys.generate()
         self.policy = load_policy(cfg.policy)
         self.min_similarity = float(self.policy.similarity.min)
-        self.evaluator = Evaluator(self.policy, self.keys.keyring, self.keys.decision)
         self.registrations: list[float] = []
         # The ungoverned arms' span search: same facts code, no PII scan, own caches (the donor's
         # PII scan happens once, at donor registration, as an engine would do it).
@@ -243,6 +229,11 @@ class Bench:
         self._audit_dir = tempfile.TemporaryDirectory(prefix="semgov-bench-audit-")
         self.audit = AuditLog.open(
             Path(self._audit_dir.name), signing_key=self.keys.decision, origin="semgov-bench/audit"
+        )
+        # NOTE: every decision the evaluator signs (the warm-up's included) goes to the audit log
+        # through its sink, inside the timed region: decide + sign + audit hand-off.
+        self.evaluator = Evaluator(
+            self.policy, self.keys.keyring, self.keys.decision, sink=AuditSink(self.audit)
         )
 
     def close(self) -> None:
@@ -289,7 +280,6 @@ class Bench:
         def run(sink: Callable[[mz.Realization], None]) -> mz.Prefill:
             t0 = time.perf_counter()
             decision = self.evaluator.evaluate(pair.request)[0]
-            self.audit.append(decision.canonical)
             gov.append(time.perf_counter() - t0)
             records.append(decision.record)
             prefill, _ = mz.governed_prefill(self.lm, ids, donor, decision.record, on_event=sink)
@@ -340,9 +330,9 @@ class Bench:
     def arm_spans(self, arm: str, pair: Pair, lcp: int, verified: Sequence[SpanFacts]) -> list[Json]:
         """What the ungoverned arms materialize: the common prefix, or every verified span."""
         if arm == "exact_only":
-            return [{"recipient_start": 0, "donor_start": 0, "length": lcp, "kind": "prefix"}] if lcp else []
+            return [_prefix_span(lcp)] if lcp else []
         if arm == "similarity_only" and pair.similarity >= self.min_similarity:
-            return [_span(s) for s in verified]
+            return [span_dict(s) for s in verified]
         return []
 
     def run_pair(self, pair: Pair, noise: bool) -> tuple[Json, Json | None]:
@@ -374,7 +364,7 @@ class Bench:
                 "logits_max_abs_diff": max_abs_diff(cold_logits, again.logits_last),
             }
         verified = self.verified_spans(pair.request)
-        lcp = _lcp(ids, pair.donor.token_ids)
+        lcp = common_prefix(ids, pair.donor.token_ids)
         arms = {arm: self._arm(arm, pair, ids, donor, lcp, verified, cold, cold_logits) for arm in ARMS}
         row = {
             "pair": pair.pair_id,
@@ -386,7 +376,8 @@ class Bench:
             "donor_tokens": len(pair.donor.token_ids),
             "common_prefix": lcp,
             "verified_spans": [
-                {**_span(s), "recipient_role": s.recipient_role, "donor_role": s.donor_role} for s in verified
+                {**span_dict(s), "recipient_role": s.recipient_role, "donor_role": s.donor_role}
+                for s in verified
             ],
             "tokenization_consistent": pair.recipient.consistent and pair.donor.consistent,
             "question": pair.question,
@@ -464,11 +455,11 @@ class Bench:
         """Prefix reuse of a ~``prefix_tokens`` prompt: cold vs warm (common prefix copied), one run."""
         case = prefix_case(self.tokenize, self.cfg.prefix_tokens or 2048, self.keys)
         ids = case.recipient.token_ids
-        lcp = _lcp(ids, case.donor.token_ids)
+        lcp = common_prefix(ids, case.donor.token_ids)
         donor = mz.donor_kv(self.lm, case.donor.token_ids)
         registration_s = self.register_donor(case.request)
         reps = max(3, self.repeats)
-        spans = [{"recipient_start": 0, "donor_start": 0, "length": lcp, "kind": "prefix"}]
+        spans = [_prefix_span(lcp)]
         cold = self.cold(ids, reps)
         warm = self.warm(ids, donor, spans, "prefix-measurement", reps)
         c, w = cold.best_s, warm.best_s
@@ -513,7 +504,6 @@ class Bench:
             with _NoGC():
                 t0 = time.perf_counter()
                 d = self.evaluator.evaluate(case.request)[0]
-                self.audit.append(d.canonical)
                 samples.append(time.perf_counter() - t0)
             decision = d.decision
         first, rest = samples[0], samples[1:]
@@ -654,61 +644,69 @@ def load_model(name: str, *, seed: int = 0, cache_dir: Path | None = None) -> md
     raise ValueError(f"unknown model {name!r}: smollm2 or tiny")
 
 
-def run_bench(
-    cfg: BenchConfig, *, lm: mdl.LoadedModel | None = None, log: Callable[[str], None] = print
-) -> Json:
-    """Run the benchmark; write ``results.json``, ``report.md`` and the plots to ``cfg.out``."""
-    cfg = cfg.resolved()
-    t_start = time.perf_counter()
-    started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    _pin_threads(cfg.threads or 1)
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    if lm is None:
-        log(f"loading model {cfg.model} ...")
-        lm = load_model(cfg.model, seed=cfg.seed, cache_dir=cfg.cache_dir)
-    load_s = time.perf_counter() - t0
-    bench = Bench(cfg, lm)
-    try:
-        builder = WorkloadBuilder(
-            bench.tokenize, evidence_budget(bench.tokenize, cfg.tokens or 450), bench.keys, seed=cfg.seed
+@dataclass
+class _Run:
+    """What one run measured (:func:`_measure`)."""
+
+    rows: list[Json]
+    lengths: list[int]  # recipient prompt lengths
+    noise_floor: Json
+    prefix: Json
+    overhead: Json
+    audit_records: int
+
+
+def _run_pairs(
+    bench: Bench, pairs: Sequence[Pair], progress: Path, log: Callable[[str], None]
+) -> tuple[list[Json], list[Json]]:
+    """Every pair's row (also appended to ``progress`` as it completes) and the noise-floor samples."""
+    rows: list[Json] = []
+    floor_samples: list[Json] = []
+    progress.write_text("", encoding="utf-8")
+    for i, pair in enumerate(pairs):
+        row, floor = bench.run_pair(pair, noise=i < (bench.cfg.noise_pairs or 0))
+        rows.append(row)
+        with progress.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        if floor is not None:
+            floor_samples.append(floor)
+        ratios = " ".join(f"{a}={row['arms'][a]['ttft_ratio']:.1f}x" for a in ARMS)
+        log(
+            f"[{i + 1}/{len(pairs)}] {pair.pair_id:<16} expect {pair.expect:<5} "
+            f"governed {row['arms']['governed']['action']:<5} cold {1e3 * row['cold']['ttft_s']:7.1f} "
+            "ms  " + ratios
         )
-        pairs = builder.pairs(cfg.pairs_per_cohort or 1, cfg.cohorts)
-        bench.warm_up(pairs[0].request)
-        lengths = [len(p.recipient.token_ids) for p in pairs]
-        log(f"{len(pairs)} pairs, prompts {min(lengths)}-{max(lengths)} tokens, {cfg.threads} threads")
-        rows: list[Json] = []
-        floor_samples: list[Json] = []
-        progress = cfg.out / "pairs.jsonl"  # each row as it completes: a cut-short run keeps them
-        progress.write_text("", encoding="utf-8")
-        for i, pair in enumerate(pairs):
-            row, floor = bench.run_pair(pair, noise=i < (cfg.noise_pairs or 0))
-            rows.append(row)
-            with progress.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(row) + "\n")
-            if floor is not None:
-                floor_samples.append(floor)
-            ratios = " ".join(f"{a}={row['arms'][a]['ttft_ratio']:.1f}x" for a in ARMS)
-            log(
-                f"[{i + 1}/{len(pairs)}] {pair.pair_id:<16} expect {pair.expect:<5} "
-                f"governed {row['arms']['governed']['action']:<5} cold {1e3 * row['cold']['ttft_s']:7.1f} "
-                "ms  " + ratios
-            )
-        floor_summary = noise_floor(floor_samples)
-        classify(rows, floor_summary)
-        log(f"prefix reuse at ~{cfg.prefix_tokens} tokens, governance overhead ...")
-        prefix, case = bench.prefix_measurement()
-        overhead = bench.overhead(case, prefix["cold_ttft_s"])
-        audit_records = bench.audit.flush()
-    finally:
-        bench.close()
+    return rows, floor_samples
+
+
+def _measure(bench: Bench, log: Callable[[str], None]) -> _Run:
+    """The pairs, the noise floor, the prefix-reuse measurement and the governance overhead."""
+    cfg = bench.cfg
+    builder = WorkloadBuilder(
+        bench.tokenize, evidence_budget(bench.tokenize, cfg.tokens or 450), bench.keys, seed=cfg.seed
+    )
+    pairs = builder.pairs(cfg.pairs_per_cohort or 1, cfg.cohorts)
+    bench.warm_up(pairs[0].request)
+    lengths = [len(p.recipient.token_ids) for p in pairs]
+    log(f"{len(pairs)} pairs, prompts {min(lengths)}-{max(lengths)} tokens, {cfg.threads} threads")
+    # pairs.jsonl holds each row as it completes: a cut-short run keeps them
+    rows, floor_samples = _run_pairs(bench, pairs, cfg.out / "pairs.jsonl", log)
+    floor_summary = noise_floor(floor_samples)
+    classify(rows, floor_summary)
+    log(f"prefix reuse at ~{cfg.prefix_tokens} tokens, governance overhead ...")
+    prefix, case = bench.prefix_measurement()
+    overhead = bench.overhead(case, prefix["cold_ttft_s"])
+    return _Run(rows, lengths, floor_summary, prefix, overhead, bench.audit.flush())
+
+
+def _results(bench: Bench, run: _Run, env: Json, started: str, t_start: float) -> Json:
+    """``results.json``'s content (``plots`` and the final ``wall_s`` are the caller's)."""
+    cfg, rows = bench.cfg, run.rows
     gov = [(r["arms"]["governed"]["decision_s"], r["cold"]["ttft_s"]) for r in rows]
     pct = [100 * d / c for d, c in gov if c > 0]
-    env = _environment(lm, load_s)
-    env.update(prompt_tokens_min=min(lengths), prompt_tokens_max=max(lengths))
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
     config["cohorts"] = list(cfg.cohorts)
-    results: Json = {
+    return {
         "schema": "semgov.bench/v1",
         "started_at": started,
         "config": config,
@@ -720,8 +718,8 @@ def run_bench(
             "similarity_min": bench.min_similarity,
         },
         "arms": summarize(rows, cfg.cohorts),
-        "prefix_measurement": prefix,
-        "governance_overhead": overhead,
+        "prefix_measurement": run.prefix,
+        "governance_overhead": run.overhead,
         "donor_registration": {
             "n": len(bench.registrations),
             "median_ms": 1e3 * (_median(bench.registrations) or 0.0),
@@ -733,12 +731,36 @@ def run_bench(
             "median_pct_of_cold_ttft": _median(pct),
             "max_pct_of_cold_ttft": max(pct, default=None),
         },
-        "noise_floor": floor_summary,
-        "audit_records": audit_records,
+        "noise_floor": run.noise_floor,
+        "audit_records": run.audit_records,
         "tokenization_consistent": all(r["tokenization_consistent"] for r in rows),
         "pairs": rows,
         "wall_s": time.perf_counter() - t_start,
     }
+
+
+def run_bench(
+    cfg: BenchConfig, *, lm: mdl.LoadedModel | None = None, log: Callable[[str], None] = print
+) -> Json:
+    """Run the benchmark; write ``results.json``, ``report.md`` and the plots to ``cfg.out``."""
+    cfg = cfg.resolved()
+    t_start = time.perf_counter()
+    started = rfc3339(datetime.now(UTC))
+    _pin_threads(cfg.threads or 1)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    if lm is None:
+        log(f"loading model {cfg.model} ...")
+        lm = load_model(cfg.model, seed=cfg.seed, cache_dir=cfg.cache_dir)
+    load_s = time.perf_counter() - t0
+    bench = Bench(cfg, lm)
+    try:
+        run = _measure(bench, log)
+    finally:
+        bench.close()
+    env = _environment(lm, load_s)
+    env.update(prompt_tokens_min=min(run.lengths), prompt_tokens_max=max(run.lengths))
+    results = _results(bench, run, env, started, t_start)
     results["plots"] = plots(results, cfg.out)
     results["wall_s"] = time.perf_counter() - t_start
     (cfg.out / "report.md").write_text(report(results), encoding="utf-8")

@@ -7,7 +7,6 @@ from typing import Any
 
 Json = dict[str, Any]
 ARMS = ("exact_only", "similarity_only", "governed")
-SHORT = {"exact_only": "exact", "similarity_only": "similarity", "governed": "governed"}
 
 
 def _f(x: Any, spec: str = ".2f") -> str:
@@ -195,18 +194,10 @@ def _answers(results: Json) -> list[str]:
     return out
 
 
-def report(results: Json) -> str:
-    """The Markdown report: every figure with its n, then how it was measured."""
+def _header(results: Json) -> list[str]:
     env, cfg = results["environment"], results["config"]
-    pm, ov, nf, po = (
-        results["prefix_measurement"],
-        results["governance_overhead"],
-        results["noise_floor"],
-        results["pair_overhead"],
-    )
-    reg = results["donor_registration"]
     mode = "--quick" if cfg["quick"] else "full"
-    L = [
+    return [
         "# semgov bench report",
         "",
         f"- Model: {env['model']} (source sha256 `{env['source_sha256']}`), loaded in "
@@ -219,7 +210,11 @@ def report(results: Json) -> str:
         f"{env['prompt_tokens_max']} tokens (target {cfg['tokens']}); greedy answers of at most "
         f"{cfg['max_new_tokens']} tokens; {cfg['repeats']} timed prefill(s) per arm and pair (the fastest "
         "counts)",
-        "",
+    ]
+
+
+def _tables(results: Json) -> list[str]:
+    return [
         "## Per arm",
         "",
         *_arm_table(results),
@@ -243,7 +238,11 @@ def report(results: Json) -> str:
         "(the model's limit: a lost value is only counted where cold stated it).",
         "",
         *_regression_table(results),
-        "",
+    ]
+
+
+def _prefix_section(pm: Json) -> list[str]:
+    return [
         f"## Prefix reuse of a {pm['prompt_tokens']}-token prompt",
         "",
         "The donor asked another question about the same evidence. Warm reuses the "
@@ -256,7 +255,12 @@ def report(results: Json) -> str:
         f"**{_f(pm['ratio'], '.1f')}x** (target >= 5x: {'met' if pm['meets_target'] else 'NOT met'}). "
         f"First-token KL {pm['kl']:.1e}, max |logit difference| {pm['logits_max_abs_diff']:.1e}, "
         f"greedy answers identical: {'yes' if pm['greedy_agree'] else 'no'}.",
-        "",
+    ]
+
+
+def _overhead_section(results: Json) -> list[str]:
+    ov, reg, po = results["governance_overhead"], results["donor_registration"], results["pair_overhead"]
+    return [
         "## Governance overhead",
         "",
         f"Decision (facts and ten gates), Ed25519 signing and audit-log hand-off, timed together for the "
@@ -276,7 +280,11 @@ def report(results: Json) -> str:
         f"{_f(po['median_ms'], '.2f')} ms, {_f(po['median_pct_of_cold_ttft'], '.2f')}% of the pair's cold "
         "TTFT "
         f"(max {_f(po['max_pct_of_cold_ttft'], '.2f')}%, n={po['n']})",
-        "",
+    ]
+
+
+def _noise_section(nf: Json) -> list[str]:
+    return [
         "## Noise floor: cold vs cold in the same run",
         "",
         f"n={nf['n']} pairs prefilled cold twice: greedy answers identical {nf['greedy_agree']}/{nf['n']}, "
@@ -289,7 +297,11 @@ def report(results: Json) -> str:
             if nf["min_first_divergence"] is None
             else "A warm answer regresses when it diverges before that position."
         ),
-        "",
+    ]
+
+
+def _method_section(results: Json) -> list[str]:
+    return [
         "## What was measured, and how",
         "",
         "- Pairs follow the example generator's design (tenants, tasks, response contracts, cohorts, "
@@ -324,18 +336,25 @@ def report(results: Json) -> str:
         "the first token's distribution; a required value is stated when its number is among the answer's "
         "numbers. Quality regression: the warm answer loses a required value the cold answer stated, or "
         "diverges from cold earlier than the cold/cold floor allows.",
-        "",
-        "## Pairs",
-        "",
-        *_pairs_table(results),
-        "",
-        "Answers (cold, and every warm answer that differs from it):",
-        "",
-        *_answers(results),
-        "",
-        "Plots: `ttft_by_cohort.png` (median TTFT ratio by cohort and arm), `quality_by_arm.png` (quality "
-        "regressions and unsafe materializations by arm). Raw rows: `results.json` (and `pairs.jsonl`, "
-        "written as each pair completes).",
-        "",
     ]
-    return "\n".join(L)
+
+
+def report(results: Json) -> str:
+    """The Markdown report: every figure with its n, then how it was measured."""
+    sections = [
+        _header(results),
+        _tables(results),
+        _prefix_section(results["prefix_measurement"]),
+        _overhead_section(results),
+        _noise_section(results["noise_floor"]),
+        _method_section(results),
+        ["## Pairs", "", *_pairs_table(results)],
+        ["Answers (cold, and every warm answer that differs from it):", "", *_answers(results)],
+        [
+            "Plots: `ttft_by_cohort.png` (median TTFT ratio by cohort and arm), `quality_by_arm.png` "
+            "(quality regressions and unsafe materializations by arm). Raw rows: `results.json` (and "
+            "`pairs.jsonl`, written as each pair completes).",
+        ],
+    ]
+    # every section ends with an empty line, and so does the report
+    return "\n".join(line for section in sections for line in (*section, ""))

@@ -1,7 +1,8 @@
 """The `semgov bench` workload: donor/recipient pairs per cohort, tokenized with the real tokenizer.
 
 A compact equivalent of ``examples/generate_workload.py`` (same tenants, tasks, contracts and
-cohorts) with two differences that a model benchmark needs:
+cohorts, built with the same pieces: :mod:`engine_hooks.reference.workload`) with two
+differences that a model benchmark needs:
 
 - prompts are the model's chat template, tokenized with the model's own tokenizer, one segment
   at a time (``system`` | ``instruction`` | ``evidence`` | ``question``); every segment but the
@@ -18,25 +19,38 @@ The expected decision of a pair follows from how it was built, not from running 
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from semgov import CapturedRequest, Keyring, SigningKey, provenance_payload, sign_provenance
-from semgov.keys import TrustedKey
-
-Json = dict[str, Any]
-Tokenize = Callable[[str], list[int]]
-
-START = datetime(2026, 11, 20, 8, 0, tzinfo=UTC)
-TTL = timedelta(days=7)
-POLICY_VERSION = "default@1"
+from engine_hooks.reference.workload import (
+    ALLOW_BASES,
+    REALISTIC_DESIGN,
+    START,
+    TENANTS,
+    Entity,
+    Json,
+    Task,
+    Tokenize,
+    candidate,
+    captured_json,
+    contract_ref,
+    donor_payload,
+    entity_namespace,
+    musd,
+    question_text,
+    rfc3339,
+    segment_tokens,
+    ticker,
+)
+from engine_hooks.reference.workload import expected as expected  # re-exported: tests and bench use it
+from semgov import CapturedRequest, Keyring, SigningKey, sign_provenance
+from semgov.signing.keys import TrustedKey
 
 SYSTEM = {
     "acme": "You are the Acme Capital research assistant. Answer only from the evidence provided, "
@@ -46,7 +60,6 @@ SYSTEM = {
     "initech": "You are the Initech Wealth analyst assistant. Use only the supplied documents, keep "
     "units as written, and reply with one short sentence.",
 }
-TENANTS = tuple(sorted(SYSTEM))
 
 SCHEMAS = {
     ("financials", 1): '{"type":"object","required":["metric","value"]}',
@@ -56,16 +69,13 @@ SCHEMAS = {
 }
 
 
-@dataclass(frozen=True)
-class Task:
-    id: str
-    contract: str
-    templates: tuple[str, str, str]  # the third asks for revision 2 of the contract
-    questions: tuple[tuple[str, str], ...]  # (question template, fact key)
+def _task(id: str, contract: str, templates: tuple[str, str, str], asks: tuple[tuple[str, str], ...]) -> Task:
+    """A task whose questions each ask for one fact: ``asks`` is (question template, fact key)."""
+    return Task(id, contract, templates, tuple(q for q, _ in asks), tuple(f for _, f in asks))
 
 
 TASKS = (
-    Task(
+    _task(
         "extract_financials",
         "financials",
         (
@@ -85,7 +95,7 @@ TASKS = (
             ("How many employees did {name} have at the end of the latest quarter?", "headcount"),
         ),
     ),
-    Task(
+    _task(
         "summarize_risks",
         "risk_summary",
         (
@@ -141,10 +151,6 @@ _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3})")
 
 
-def possessive(name: str) -> str:
-    return name + ("'" if name.endswith("s") else "'s")
-
-
 def numbers_in(text: str) -> list[str]:
     """Numbers in ``text``, thousands separators removed ("$4,182.7 million" -> "4182.7")."""
     return _NUMBER.findall(_THOUSANDS.sub("", text))
@@ -159,20 +165,6 @@ def value_present(value: str, answer: str) -> bool:
 # --- entities and evidence ------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Entity:
-    index: int
-    tenant: str
-    namespace: str
-    name: str
-    evidence: str
-    values: dict[str, str]  # fact key -> required value as written in the evidence
-
-
-def _m(x: float) -> str:
-    return f"${x:,.1f} million"
-
-
 def _core(name: str, ticker: str, sector: str, rng: random.Random) -> tuple[list[str], dict[str, str]]:
     """The current quarter's sentences (every required value) and the values by fact key."""
     u = rng.uniform
@@ -183,15 +175,15 @@ def _core(name: str, ticker: str, sector: str, rng: random.Random) -> tuple[list
     cash, debt = rev * u(0.1, 0.6), rev * u(0.2, 1.4)
     head = rng.randrange(900, 48000, 10)
     v = {
-        "revenue": _m(rev),
+        "revenue": musd(rev),
         "op_margin": f"{om:.1f}%",
         "eps": f"${eps:.2f}",
-        "cash": _m(cash),
-        "fcf": _m(rev * u(0.1, 0.5)),
+        "cash": musd(cash),
+        "fcf": musd(rev * u(0.1, 0.5)),
         "headcount": f"{head:,}",
         "customer": f"{rng.randrange(4, 23)}%",
         "fx": f"{rng.randrange(24, 61)}%",
-        "notes": _m(debt * u(0.2, 0.6)),
+        "notes": musd(debt * u(0.2, 0.6)),
         "covenant": f"{u(3.5, 4.5):.1f} times",
         "attrition": f"{u(6, 19):.1f}%",
         "inventory_days": f"{rng.randint(45, 160)} days",
@@ -202,7 +194,7 @@ def _core(name: str, ticker: str, sector: str, rng: random.Random) -> tuple[list
         f"{abs(growth):.1f}% from a year earlier.",
         f"The operating margin for the quarter ended September 30, 2026 was {v['op_margin']}.",
         f"Diluted earnings per share for the quarter were {v['eps']}.",
-        f"Cash and equivalents at quarter end were {v['cash']}, against total debt of {_m(debt)}.",
+        f"Cash and equivalents at quarter end were {v['cash']}, against total debt of {musd(debt)}.",
         f"Free cash flow for the first nine months of fiscal 2026 was {v['fcf']}.",
         f"{name} had {v['headcount']} employees at quarter end.",
         f"Risks. The largest customer accounted for {v['customer']} of revenue.",
@@ -235,18 +227,18 @@ def _history(sector: str, capex_use: str, rng: random.Random) -> Iterator[str]:
     u = rng.uniform
     for q in _quarters():
         rev = u(150, 6000)
-        income = _m(rev * u(0.03, 0.3))
-        yield f"In the quarter ended {q}, revenue was {_m(rev)} and operating income {income}."
+        income = musd(rev * u(0.03, 0.3))
+        yield f"In the quarter ended {q}, revenue was {musd(rev)} and operating income {income}."
         for s in segs:
-            seg_rev = _m(rev * u(0.15, 0.5))
+            seg_rev = musd(rev * u(0.15, 0.5))
             trend = rng.choice(("up", "down"))
             change = f"{u(0.5, 25):.1f}%"
             yield f"{s} revenue in the quarter ended {q} was {seg_rev}, {trend} {change} from a year earlier."
-        yield f"Revenue from {rng.choice(REGIONS)} in the quarter ended {q} was {_m(rev * u(0.1, 0.4))}."
-        bookings = _m(rev * u(0.8, 1.3))
+        yield f"Revenue from {rng.choice(REGIONS)} in the quarter ended {q} was {musd(rev * u(0.1, 0.4))}."
+        bookings = musd(rev * u(0.8, 1.3))
         ratio = f"{u(0.8, 1.3):.2f}"
         yield f"Bookings in the quarter ended {q} totaled {bookings}, a book-to-bill ratio of {ratio}."
-        capex = _m(rev * u(0.02, 0.09))
+        capex = musd(rev * u(0.02, 0.09))
         yield f"Capital expenditure in the quarter ended {q} was {capex}, mostly for {capex_use}."
 
 
@@ -255,11 +247,11 @@ def make_entity(
 ) -> Entity:
     """A company with an evidence file of about ``evidence_tokens`` tokens (never below its core facts)."""
     name = NAMES[index % len(NAMES)]
-    ticker = (name.split()[0][:3] + name.split()[1][0]).upper()
+    symbol = ticker(name)
     for _attempt in range(100):
         sector = rng.choice(sorted(SECTORS))
-        core, values = _core(name, ticker, sector, rng)
-        intro = f"{name} ({ticker}) is a {sector} company. Figures are in US dollars."
+        core, values = _core(name, symbol, sector, rng)
+        intro = f"{name} ({symbol}) is a {sector} company. Figures are in US dollars."
         n = len(tokenize(intro + " " + " ".join(core)))
         history: list[str] = []
         for s in _history(sector, SECTORS[sector][1], rng):
@@ -271,7 +263,7 @@ def make_entity(
         found = numbers_in(evidence)
         # Every required number must occur exactly once, so an answer stating it read it there.
         if all(found.count(numbers_in(v)[0]) == 1 for v in values.values()):
-            return Entity(index, tenant, f"research/entity-{index:03d}", name, evidence, values)
+            return Entity(index, tenant, entity_namespace(index), name, evidence, values)
     raise RuntimeError("could not draw an evidence file with unique required values")
 
 
@@ -290,12 +282,6 @@ class PromptSpec:
     def wire(self) -> Json:
         return {"token_ids": self.token_ids, "text": self.text, "segments": self.segments}
 
-    def role_at(self, pos: int) -> str:
-        for s in self.segments:
-            if s["start"] <= pos < s["end"]:
-                return str(s["role"])
-        raise IndexError(pos)
-
 
 def chat_parts(system: str, instruction: str, evidence: str, question: str) -> list[tuple[str, str]]:
     """ChatML (SmolLM2's template) split by role; each later segment starts with its separator."""
@@ -308,12 +294,7 @@ def chat_parts(system: str, instruction: str, evidence: str, question: str) -> l
 
 
 def build_prompt(parts: Sequence[tuple[str, str]], tokenize: Tokenize) -> PromptSpec:
-    ids: list[int] = []
-    segments: list[Json] = []
-    for role, text in parts:
-        toks = tokenize(text)
-        segments.append({"role": role, "start": len(ids), "end": len(ids) + len(toks)})
-        ids.extend(toks)
+    ids, segments = segment_tokens((role, tokenize(text)) for role, text in parts)
     text = "".join(t for _, t in parts)
     return PromptSpec(ids, text, segments, consistent=tokenize(text) == ids)
 
@@ -331,17 +312,15 @@ class Call:
 
     @property
     def contract(self) -> Json:
-        schema = SCHEMAS[(self.task.contract, 2 if self.template == 2 else 1)]
-        return {"id": self.task.contract, "schema_sha256": hashlib.sha256(schema.encode()).hexdigest()}
+        return contract_ref(SCHEMAS, self.task, self.template)
 
     @property
     def question_text(self) -> str:
-        name = self.entity.name
-        return self.task.questions[self.question][0].format(name=name, pos=possessive(name))
+        return question_text(self.task, self.question, self.entity.name)
 
     @property
     def required(self) -> list[str]:
-        return [self.entity.values[self.task.questions[self.question][1]]]
+        return [self.entity.values[self.task.facts[self.question]]]
 
     def prompt(self, tokenize: Tokenize) -> PromptSpec:
         e = self.entity
@@ -358,22 +337,13 @@ class Call:
 
 # --- cohorts --------------------------------------------------------------------------------
 
-REALISTIC = {  # cohort: (expected decision, similarity range)
-    "exact": ("allow", (0.97, 1.0)),
-    "shifted": ("allow", (0.85, 0.95)),
-    "question": ("allow", (0.75, 0.9)),
-    "instruction": ("deny", (0.8, 0.92)),
-    "task": ("deny", (0.65, 0.82)),
-    "entity_swap": ("deny", (0.7, 0.85)),
-    "unrelated": ("deny", (0.2, 0.55)),
+# cohort: (expected decision, similarity range), in the order the bench runs and reports them
+REALISTIC = {
+    c: REALISTIC_DESIGN[c]
+    for c in ("exact", "shifted", "question", "instruction", "task", "entity_swap", "unrelated")
 }
 MUTATIONS = ("other_tenant", "expired", "stale_policy", "tampered", "unknown_key", "pii_text")
 COHORTS = (*REALISTIC, *MUTATIONS)
-ALLOW_BASES = ("exact", "question", "shifted")
-
-
-def expected(cohort: str) -> str:
-    return REALISTIC[cohort][0] if cohort in REALISTIC else "deny"
 
 
 @dataclass(frozen=True)
@@ -417,10 +387,6 @@ class Pair:
         return f"{self.cohort}-{self.index}"
 
 
-def _rfc3339(dt: datetime) -> str:
-    return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def captured_request(
     *,
     request_id: str,
@@ -438,44 +404,32 @@ def captured_request(
 ) -> CapturedRequest:
     """A ``semgov.captured_request/v1`` with one donor candidate (its text included, for the PII scan)."""
     return CapturedRequest.model_validate(
-        {
-            "schema": "semgov.captured_request/v1",
-            "request_id": request_id,
-            "received_at": _rfc3339(received_at),
-            "tenant": tenant,
-            "namespace": namespace,
-            "task": {"id": task.id, "version": "1"},
-            "response_contract": contract,
-            "prompt": recipient.wire(),
-            "candidates": [
-                {
-                    "donor_id": donor_id,
-                    "similarity": similarity,
-                    "prompt": donor.wire(),
-                    "provenance": provenance,
-                }
-            ],
-            "expect": {donor_id: expect} if expect else None,
-        }
+        captured_json(
+            request_id=request_id,
+            received_at=received_at,
+            tenant=tenant,
+            namespace=namespace,
+            task_id=task.id,
+            contract=contract,
+            prompt=recipient.wire(),
+            candidates=[candidate(donor_id, similarity, donor.wire(), provenance)],
+            expect={donor_id: expect} if expect else None,
+        )
     )
 
 
 def signed_provenance(call: Call, donor_id: str, donor: PromptSpec, key: SigningKey, **changes: Any) -> Json:
     """The donor's provenance, signed by ``key`` after applying ``changes`` to the payload."""
-    payload = provenance_payload(
+    payload = donor_payload(
         donor_id=donor_id,
         tenant=call.entity.tenant,
         namespace=call.entity.namespace,
-        task={"id": call.task.id, "version": "1"},
-        response_contract=call.contract,
+        task_id=call.task.id,
+        contract=call.contract,
         created_at=call.received_at,
-        expires_at=call.received_at + TTL,
-        policy_version=POLICY_VERSION,
-        token_ids=donor.token_ids,
-        segments=donor.segments,
-        text=donor.text,
+        prompt=donor.wire(),
+        changes=changes,
     )
-    payload.update(changes)
     return sign_provenance(payload, key)
 
 
@@ -543,7 +497,7 @@ class WorkloadBuilder:
                 rec_call.question,
                 created + timedelta(hours=2),
             )
-            changes = {"expires_at": _rfc3339(created + timedelta(hours=1))}
+            changes = {"expires_at": rfc3339(created + timedelta(hours=1))}
         elif cohort == "stale_policy":
             changes = {"policy_version": "default@0"}
         elif cohort == "unknown_key":

@@ -17,7 +17,7 @@ chosen where the copy deviates most from the recipient's own context:
 
 Prefix spans are exact (their K/V are what a cold prefill computes) and are never selected.
 Selecting every copied token computes every position: the result then equals a cold prefill up
-to floating-point order (``tests/test_blend.py`` holds it to that).
+to floating-point order (``tests/reference/test_materialize.py`` holds it to that).
 
 NOTE: invariants: positions are either copied or computed, never neither; the last prompt
 position is always computed (it gives the logits); nothing is copied outside an approved span.

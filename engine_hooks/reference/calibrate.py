@@ -6,7 +6,7 @@ greedy answers are compared: a warm answer regresses when it differs from cold b
 rerun did (the floor, measured on the first requests). Shifted decisions are run warm once per
 recompute percent tried (each shifted span's head recomputed as the policy's quality plan would
 say at that percent); prefix-only decisions once, as approved. The trials go to
-:mod:`semgov.calibration`.
+:mod:`semgov.policy.calibration`.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from engine_hooks.reference import materialize as mz
 from engine_hooks.reference.bench import first_divergence, load_model
 from semgov import CapturedRequest, Evaluator, Keyring
-from semgov.calibration import Trial
-from semgov.capture import read_captured
-from semgov.keys import SigningKey
-from semgov.policy import Policy, QualityPlan
+from semgov.intake.capture import read_captured
+from semgov.policy.calibration import Trial
+from semgov.policy.yaml.model import Policy, QualityPlan
+from semgov.signing.keys import SigningKey
 
 
 @dataclass(frozen=True)

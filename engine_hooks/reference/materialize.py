@@ -48,13 +48,13 @@ import torch
 from transformers import DynamicCache
 
 from engine_hooks.reference.model import LoadedModel
-from semgov._internal.log import get_logger
+from semgov.log import get_logger
+from semgov.wire.models import SPAN_KEYS, span_dict
 
 PREFILL_CHUNK_TOKENS = 128
 """Model runs never cross a multiple of this many positions (see the module NOTE)."""
 
 _KINDS = ("prefix", "shifted")
-_SPAN_KEYS = ("recipient_start", "donor_start", "length", "kind")
 
 
 @dataclass
@@ -112,7 +112,7 @@ class _Span:
         return self.recipient_start + self.length
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in _SPAN_KEYS}
+        return span_dict(self)
 
 
 @dataclass(frozen=True)
@@ -219,9 +219,9 @@ def _validate(lm: LoadedModel, token_ids: Sequence[int], donor: DonorKV, spans: 
     out: list[_Span] = []
     prev_end = 0
     for raw in spans:
-        if not isinstance(raw, Mapping) or not set(_SPAN_KEYS) <= set(raw):
+        if not isinstance(raw, Mapping) or not set(SPAN_KEYS) <= set(raw):
             raise ValueError(f"not a span: {raw!r:.200}")
-        nums = [raw[k] for k in _SPAN_KEYS[:3]]
+        nums = [raw[k] for k in SPAN_KEYS[:3]]
         if any(not isinstance(x, int) or isinstance(x, bool) for x in nums) or raw["kind"] not in _KINDS:
             raise ValueError(f"malformed span: {raw!r:.200}")
         head = raw.get("recompute", 0)

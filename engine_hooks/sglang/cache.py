@@ -89,7 +89,9 @@ from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 from engine_hooks.sglang.canary import Canaries
 from engine_hooks.sglang.context import KEY_PREFIX, RequestContext, anonymous_cache_key
-from engine_hooks.sglang.governor import DonorSpec, Governor, LiveDonor, PendingDecision
+from engine_hooks.sglang.decisions import PendingDecision
+from engine_hooks.sglang.donors import DonorSpec, LiveDonor
+from engine_hooks.sglang.governor import Governor
 from engine_hooks.sglang.guard import InvariantGuard, InvariantViolation
 from engine_hooks.sglang.kv_copy import copy_kv
 from engine_hooks.sglang.plan import (
@@ -103,8 +105,8 @@ from engine_hooks.sglang.plan import (
 )
 from engine_hooks.sglang.rope import RopeSpec
 from engine_hooks.sglang.tp import Choice, DonorOp, FollowerGovernor, RoundSync, TpLink
-from semgov._internal.log import get_logger
 from semgov.decide import SignedDecision
+from semgov.log import get_logger
 
 __all__ = ["GovernedRadixCache", "Piece", "RealizationError", "plan_pieces", "state_of"]
 
@@ -201,7 +203,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             # NOTE: donor ids and isolated tree keys embed the boot id: the same on every rank.
             self.boot = str(tp.broadcast(self.boot))
             if isinstance(governor, Governor):
-                governor.donor_log = []
+                governor.donors.donor_log = []
         self._serials = itertools.count(1)
         # NOTE: requests the hook has state for, by server-side serial; weak, so a request SGLang
         # drops without telling the cache cannot keep its state (or the guard's view) alive.
@@ -1098,7 +1100,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         now = time.monotonic()
         try:
             self.gov.drain_donors()
-            log = self.gov.donor_log if self.gov.donor_log is not None else []
+            log = self.gov.donors.donor_log if self.gov.donors.donor_log is not None else []
             ops = tuple(
                 DonorOp("add", e.donor_id, e.scope, e.cache_key, len(e.token_ids))
                 if kind == "add"
@@ -1108,7 +1110,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             log.clear()
             while True:
                 try:
-                    ops += (DonorOp("forget", self.gov.unregistered.get_nowait()),)
+                    ops += (DonorOp("forget", self.gov.donors.unregistered.get_nowait()),)
                 except queue.Empty:
                     break
             choices: list[Choice] = []

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from semgov._internal.log import get_logger
+from semgov.log import get_logger
 
 CANARY_PREFIX = "semgov-canary:"
 STATE_FILE = "canary-state.json"

@@ -42,8 +42,8 @@ from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 
-from semgov.canonical import canonicalize, canonicalize_record
-from semgov.models import ResponseContract, Segment, TaskRef
+from semgov.signing.canonical import canonicalize, canonicalize_record
+from semgov.wire.models import ResponseContract, Segment, TaskRef
 
 TOKEN_PREFIX = "semgov1."
 _MAC_CHARS = 43  # base64url of 32 bytes, unpadded

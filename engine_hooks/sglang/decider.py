@@ -8,7 +8,8 @@ With ``SEMGOV_DECISION_PROCESS=1`` (the default) the scheduler process keeps onl
 there: the tree, the audit log (one writer) and a small table of live donors (id, scope, tree key,
 tokens). Its decision thread forwards every job, in the order the scheduler thread queued it, to a
 child process (``python -m engine_hooks.sglang.decider``) and never waits for an answer; a reader
-thread takes the answers and hands them to :class:`~engine_hooks.sglang.governor.Governor`.
+thread takes the answers and hands them to
+:class:`~engine_hooks.sglang.decisions.RemoteDecisions`.
 
 The child (:class:`_Child`) holds the candidate provider, the donors' prompts and provenance and
 the evaluator, built from the hook's settings (sent first; it reads the same policy, keyring and
@@ -19,7 +20,7 @@ its registration is done, by the child's registration thread) and ``remove``/``s
 - ``("remove", donor_id)``;
 - ``("decide", seq, request_id, context, scope, tokens, text, limit)``
   -> ``("decided", seq, [(donor_id, similarity)], [SignedDecision], error | None)``;
-- ``("event", seq, _EventJob)`` -> ``("event", seq, canonical record | None, error | None)``;
+- ``("event", seq, EventJob)`` -> ``("event", seq, canonical record | None, error | None)``;
 - ``("ping", seq)`` -> ``("pong", seq)`` (everything sent before it is answered);
 - ``("stop",)``: finish the registrations in flight, then exit.
 
@@ -36,7 +37,8 @@ NOTE: invariants:
   becomes visible to the scheduler only once the child has it.
 - Any failure of the child (it died, answered junk, could not start) is final for the process:
   no more decisions (requests run cold), loudly logged once; what it still owed is finished by
-  the parent (:meth:`Governor._remote_failed`); the hook never waits for a dead child.
+  the parent (:meth:`~engine_hooks.sglang.decisions.RemoteDecisions.failed`); the hook never
+  waits for a dead child.
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ class DecisionProcess:
             try:
                 self._on_message(msg)
             except Exception as e:  # noqa: BLE001 - a handler bug must not stop the answers
-                from semgov._internal.log import get_logger
+                from semgov.log import get_logger
 
                 get_logger().error("semgov decision answer not handled", error=f"{type(e).__name__}: {e}")
 
@@ -182,10 +184,11 @@ class _Child:
     def __init__(
         self, out: IO[bytes], settings: HookSettings, tokenizer_path: str | None, engine: str
     ) -> None:
-        from engine_hooks.sglang.governor import build_evaluator, load_detokenizer
-        from engine_hooks.sglang.provider import load_provider
-        from semgov.keys import Keyring, load_signing_key
-        from semgov.policy_source import load_policy_source
+        from engine_hooks.sglang.decisions import build_evaluator
+        from engine_hooks.sglang.donors import load_detokenizer
+        from engine_hooks.sglang.providers import load_provider
+        from semgov.policy.source import load_policy_source
+        from semgov.signing.keys import Keyring, load_signing_key
 
         self.out = out
         self.settings = settings
@@ -208,7 +211,7 @@ class _Child:
             send(self.out, msg)
 
     def serve(self, inp: IO[bytes]) -> int:
-        from semgov._internal.log import get_logger
+        from semgov.log import get_logger
 
         while True:
             msg = recv(inp)
@@ -231,7 +234,8 @@ class _Child:
                     self.send(("pong", msg[1]))
 
     def handle(self, msg: tuple[Any, ...]) -> None:
-        from engine_hooks.sglang.governor import evaluate_request, sign_event_job
+        from engine_hooks.sglang.decisions import evaluate_request
+        from engine_hooks.sglang.events import sign_event_job
 
         kind = msg[0]
         if kind == "register":
@@ -260,7 +264,7 @@ class _Child:
             raise ValueError(f"unknown message {kind!r}")
 
     def _register_loop(self) -> None:
-        from engine_hooks.sglang.governor import build_donor_entry
+        from engine_hooks.sglang.donors import build_donor_entry
 
         while (job := self._todo.get()) is not None:
             spec, scope = job

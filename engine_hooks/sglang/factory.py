@@ -66,7 +66,7 @@ def build_governed_cache(ctx: Any, settings: HookSettings | None = None) -> Any:
     from engine_hooks.sglang.governor import Governor
     from engine_hooks.sglang.rope import RopeSpec
     from engine_hooks.sglang.tp import FollowerGovernor, TpLink
-    from semgov._internal.log import get_logger
+    from semgov.log import get_logger
 
     problems = unsupported(ctx)
     if problems:
@@ -118,7 +118,7 @@ def build_governed_cache(ctx: Any, settings: HookSettings | None = None) -> Any:
 def build_canaries(settings: HookSettings, governor: Any, server_args: Any) -> Any:
     """The hook's canaries (``SEMGOV_CANARY_*``): replays go to this server's own ``/generate``."""
     from engine_hooks.sglang.canary import STATE_FILE, Canaries, CanarySettings, http_replay
-    from semgov._internal.timefmt import rfc3339
+    from semgov.wire.timefmt import rfc3339
 
     host = str(getattr(server_args, "host", None) or "127.0.0.1")
     if host in ("0.0.0.0", "::", ""):

@@ -195,39 +195,16 @@ def copy_kv(
     if delta is not None:
         delta = _check_delta(delta, n)
 
-    layer_ids = range(pool.start_layer, pool.start_layer + pool.layer_num)
-    buffers = [(pool.get_key_buffer(i), pool.get_value_buffer(i)) for i in layer_ids]
-    rows, page = pool.size + pool.page_size, pool.page_size
-    for k, v in buffers:
-        for b in (k, v):
-            if b.dim() != 3 or b.shape[0] != rows or b.dtype not in _STORE_DTYPES:
-                raise ValueError(f"unsupported KV pool: a layer buffer is {b.dtype} {tuple(b.shape)}")
-    head_dim = buffers[0][0].shape[-1]
+    buffers = _layer_buffers(pool)
     device = buffers[0][0].device
     if delta is not None:
-        if rope is None:
-            if check and bool((delta != 0).any()):
-                raise ValueError("nonzero delta needs a RopeSpec to re-rotate keys (rope is None)")
-            if not check:
-                raise ValueError("delta needs a RopeSpec to re-rotate keys (rope is None)")
-        elif rope.head_dim != head_dim:
-            raise ValueError(f"rope.head_dim {rope.head_dim} != the pool's key head dim {head_dim}")
+        _check_rope(delta, rope, buffers[0][0].shape[-1], check)
     if n == 0:
         return
 
     src, dst = src.to(device), dst.to(device)
     if check:
-        lo = int(torch.minimum(src.min(), dst.min()))
-        hi = int(torch.maximum(src.max(), dst.max()))
-        if lo < page or hi >= rows:
-            raise ValueError(
-                f"slot ids must lie in [{page}, {rows}): got [{lo}, {hi}] (slots below page_size={page} "
-                "are SGLang's padding page)"
-            )
-        if bool(torch.isin(src, dst).any()):
-            raise ValueError("src and dst share slots: a copy must not overwrite its own source")
-        if torch.unique(dst).shape[0] != n:
-            raise ValueError("dst repeats a slot")
+        _check_slot_ids(src, dst, page=pool.page_size, rows=pool.size + pool.page_size)
 
     rotation: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     if delta is not None and rope is not None:
@@ -249,6 +226,46 @@ def copy_kv(
             assert rope is not None
             keys = _rotate(keys, *rotation, rope)
         k.index_copy_(0, dst, keys)
+
+
+def _layer_buffers(pool: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every layer's (key, value) buffer; ValueError unless each is a 3-D store-dtype tensor with
+    a row per slot (the padding page included)."""
+    layer_ids = range(pool.start_layer, pool.start_layer + pool.layer_num)
+    buffers = [(pool.get_key_buffer(i), pool.get_value_buffer(i)) for i in layer_ids]
+    rows = pool.size + pool.page_size
+    for k, v in buffers:
+        for b in (k, v):
+            if b.dim() != 3 or b.shape[0] != rows or b.dtype not in _STORE_DTYPES:
+                raise ValueError(f"unsupported KV pool: a layer buffer is {b.dtype} {tuple(b.shape)}")
+    return buffers
+
+
+def _check_rope(delta: torch.Tensor, rope: RopeSpec | None, head_dim: int, check: bool) -> None:
+    """A ``delta`` needs a ``rope`` of the pool's key head dim (with ``check``, only a nonzero one)."""
+    if rope is None:
+        if check and bool((delta != 0).any()):
+            raise ValueError("nonzero delta needs a RopeSpec to re-rotate keys (rope is None)")
+        if not check:
+            raise ValueError("delta needs a RopeSpec to re-rotate keys (rope is None)")
+    elif rope.head_dim != head_dim:
+        raise ValueError(f"rope.head_dim {rope.head_dim} != the pool's key head dim {head_dim}")
+
+
+def _check_slot_ids(src: torch.Tensor, dst: torch.Tensor, *, page: int, rows: int) -> None:
+    """The device-side checks (host syncs on an accelerator): slot ids in range and out of the
+    padding page, ``src`` and ``dst`` disjoint, no slot repeated in ``dst``."""
+    lo = int(torch.minimum(src.min(), dst.min()))
+    hi = int(torch.maximum(src.max(), dst.max()))
+    if lo < page or hi >= rows:
+        raise ValueError(
+            f"slot ids must lie in [{page}, {rows}): got [{lo}, {hi}] (slots below page_size={page} "
+            "are SGLang's padding page)"
+        )
+    if bool(torch.isin(src, dst).any()):
+        raise ValueError("src and dst share slots: a copy must not overwrite its own source")
+    if torch.unique(dst).shape[0] != dst.shape[0]:
+        raise ValueError("dst repeats a slot")
 
 
 def _has_fused_move(pool: Any) -> bool:

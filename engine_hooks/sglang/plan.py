@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from semgov.wire.models import span_dict
+
 
 @dataclass(frozen=True, slots=True)
 class Piece:
@@ -39,12 +41,8 @@ class Piece:
         return self.recipient_start - self.donor_start
 
     def as_span(self) -> dict[str, Any]:
-        return {
-            "recipient_start": self.recipient_start,
-            "donor_start": self.donor_start,
-            "length": self.length,
-            "kind": self.kind,
-        }
+        """The piece as a span's wire fields (``recipient_start``, ``donor_start``, ``length``, ``kind``)."""
+        return span_dict(self)
 
 
 def plan_pieces(

@@ -187,7 +187,33 @@ def _config_rope(hf_config: Any, *, scaled: bool) -> tuple[RopeSpec, str, dict[s
         return None
     if getattr(hf_config, "original_num_attention_heads", None) is not None:
         return None  # models/qwen2.py then derives head_dim differently
+    found = _rope_parameters(hf_config, scaled=scaled)
+    if found is None:
+        return None
+    rope_type, params = found
+    theta = _rope_theta(hf_config, params, model)
+    head_dim = _head_dim(hf_config, model)
+    if theta is None or head_dim is None:
+        return None
+    rotary_dim = _rotary_dim(hf_config, params, model, head_dim)
+    if rotary_dim is None:
+        return None
+    neox = model.neox
+    if model.neox_attr:
+        style = getattr(hf_config, "rope_is_neox_style", True)
+        if not isinstance(style, bool):
+            return None
+        neox = style
+    try:
+        spec = RopeSpec(rotary_dim=rotary_dim, head_dim=head_dim, base=float(theta), is_neox_style=neox)
+    except ValueError:
+        return None
+    return spec, str(rope_type), params
 
+
+def _rope_parameters(hf_config: Any, *, scaled: bool) -> tuple[str, dict[str, Any]] | None:
+    """The config's RoPE type and parameter dict, if SGLang builds plain RoPE (or, when ``scaled``,
+    a static scaling) from them; None otherwise."""
     params = getattr(hf_config, "rope_parameters", None)
     if params is None:
         params = getattr(hf_config, "rope_scaling", None)
@@ -206,7 +232,11 @@ def _config_rope(hf_config: Any, *, scaled: bool) -> tuple[RopeSpec, str, dict[s
         return None
     if rope_type != "default" and not (scaled and rope_type in _SCALED_ROPE_KEYS):
         return None
+    return rope_type, params
 
+
+def _rope_theta(hf_config: Any, params: dict[str, Any], model: _ModelRope) -> int | float | None:
+    """The RoPE base: the parameters', else the config's, else the model's default."""
     theta = params.get("rope_theta")
     if theta is None:
         theta = getattr(hf_config, "rope_theta", None)
@@ -214,20 +244,24 @@ def _config_rope(hf_config: Any, *, scaled: bool) -> tuple[RopeSpec, str, dict[s
         theta = model.default_theta
     if isinstance(theta, bool) or not isinstance(theta, int | float):
         return None
+    return theta
 
+
+def _head_dim(hf_config: Any, model: _ModelRope) -> int | None:
+    """The head dim SGLang's implementation of the model uses (None: unknown, or HF would differ)."""
     hidden = _positive_int(getattr(hf_config, "hidden_size", None))
     heads = _positive_int(getattr(hf_config, "num_attention_heads", None))
     derived = hidden // heads if hidden is not None and heads is not None else None
     if model.head_dim_attr:
-        head_dim = _positive_int(getattr(hf_config, "head_dim", None)) or derived
-    else:
-        attr = getattr(hf_config, "head_dim", None)
-        if attr is not None and attr != derived:
-            return None  # SGLang ignores config.head_dim for this model; HF would not
-        head_dim = derived
-    if head_dim is None:
-        return None
+        return _positive_int(getattr(hf_config, "head_dim", None)) or derived
+    attr = getattr(hf_config, "head_dim", None)
+    if attr is not None and attr != derived:
+        return None  # SGLang ignores config.head_dim for this model; HF would not
+    return derived
 
+
+def _rotary_dim(hf_config: Any, params: dict[str, Any], model: _ModelRope, head_dim: int) -> int | None:
+    """How many of a head's dims are rotated (None: a partial rotation SGLang and HF would not agree on)."""
     # partial_rotary_factor: SGLang reads the config attribute only (models/llama.py);
     # transformers 5 may also keep it in rope_parameters. Both must agree.
     attr_factor = getattr(hf_config, "partial_rotary_factor", None)
@@ -241,26 +275,9 @@ def _config_rope(hf_config: Any, *, scaled: bool) -> tuple[RopeSpec, str, dict[s
         return None
     if not model.partial and factor != 1.0:
         return None
-
     if model.rotary_dim_attr:
-        rotary_dim = _positive_int(getattr(hf_config, "rotary_dim", None))
-        if rotary_dim is None:
-            return None
-    else:
-        rotary_dim = int(head_dim * factor)
-
-    neox = model.neox
-    if model.neox_attr:
-        style = getattr(hf_config, "rope_is_neox_style", True)
-        if not isinstance(style, bool):
-            return None
-        neox = style
-
-    try:
-        spec = RopeSpec(rotary_dim=rotary_dim, head_dim=head_dim, base=float(theta), is_neox_style=neox)
-    except ValueError:
-        return None
-    return spec, str(rope_type), params
+        return _positive_int(getattr(hf_config, "rotary_dim", None))
+    return int(head_dim * factor)
 
 
 def _from_embedding(hf_config: Any, emb: Any) -> RopeSpec | None:

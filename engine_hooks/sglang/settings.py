@@ -101,90 +101,100 @@ class HookSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> HookSettings:
         """Read the settings (raises :class:`HookConfigError` naming the variable)."""
-        e = os.environ if env is None else env
-
-        def path(name: str) -> Path:
-            v = e.get(name, "").strip()
-            if not v:
-                raise HookConfigError(
-                    f"{name} is not set: the semgov radix-cache backend needs it (docs/sglang.md)"
-                )
-            p = Path(v)
-            if not p.exists():
-                raise HookConfigError(f"{name}={v}: no such file or directory")
-            return p
-
-        def integer(name: str, default: int, lo: int, hi: int) -> int:
-            v = e.get(name, "").strip()
-            if not v:
-                return default
-            try:
-                n = int(v)
-            except ValueError:
-                raise HookConfigError(f"{name}={v!r}: not an integer") from None
-            if not lo <= n <= hi:
-                raise HookConfigError(f"{name}={n}: must be between {lo} and {hi}")
-            return n
-
-        def flag(name: str, default: bool) -> bool:
-            v = e.get(name, "").strip().lower()
-            if not v:
-                return default
-            if v in ("1", "true", "yes", "on"):
-                return True
-            if v in ("0", "false", "no", "off"):
-                return False
-            raise HookConfigError(f"{name}={v!r}: expected 1/0, true/false, yes/no or on/off")
-
-        def optional_path(name: str) -> Path | None:
-            return path(name) if e.get(name, "").strip() else None
-
-        def share(name: str) -> float:
-            v = e.get(name, "").strip()
-            if not v:
-                return 0.0
-            try:
-                x = float(v)
-            except ValueError:
-                raise HookConfigError(f"{name}={v!r}: not a number") from None
-            if not 0.0 <= x <= 1.0:  # NOTE: also refuses nan
-                raise HookConfigError(f"{name}={v}: must be between 0 and 1 (a share of requests)")
-            return x
-
-        audit = e.get("SEMGOV_AUDIT_DIR", "").strip()
+        e = _Env(os.environ if env is None else env)
+        audit = e.text("SEMGOV_AUDIT_DIR")
         if not audit:
             raise HookConfigError("SEMGOV_AUDIT_DIR is not set: every decision and realization is audited")
         return cls(
-            policy=path("SEMGOV_POLICY"),
-            trust=path("SEMGOV_TRUST"),
-            signing_key=path("SEMGOV_SIGNING_KEY"),
-            context_key=path("SEMGOV_CONTEXT_KEY"),
+            policy=e.path("SEMGOV_POLICY"),
+            trust=e.path("SEMGOV_TRUST"),
+            signing_key=e.path("SEMGOV_SIGNING_KEY"),
+            context_key=e.path("SEMGOV_CONTEXT_KEY"),
             audit_dir=Path(audit),
-            engine=e.get("SEMGOV_ENGINE", "").strip() or None,
-            provider=e.get("SEMGOV_PROVIDER", "").strip() or "minhash",
-            min_unmatched_tokens=integer("SEMGOV_MIN_UNMATCHED_TOKENS", 256, 1, 1 << 24),
-            max_candidates=integer("SEMGOV_MAX_CANDIDATES", 4, 1, 64),
-            donor_ttl_s=integer("SEMGOV_DONOR_TTL_S", 3600, 1, 366 * 86400),
-            max_donors_per_scope=integer("SEMGOV_MAX_DONORS_PER_SCOPE", 1024, 1, 1 << 20),
-            detokenizer=e.get("SEMGOV_DETOKENIZER", "").strip() or "auto",
-            decision_timeout_ms=integer("SEMGOV_DECISION_TIMEOUT_MS", 100, 1, 60_000),
-            audit_wait_ms=integer("SEMGOV_AUDIT_WAIT_MS", 50, 0, 10_000),
-            strict=flag("SEMGOV_STRICT", False),
-            async_registration=flag("SEMGOV_ASYNC_REGISTRATION", True),
-            async_decisions=flag("SEMGOV_ASYNC_DECISIONS", True),
-            decision_process=flag("SEMGOV_DECISION_PROCESS", True),
-            max_regions=integer("SEMGOV_MAX_REGIONS", 4, 0, 64),
-            min_region_tokens=integer("SEMGOV_MIN_REGION_TOKENS", 64, 1, 1 << 24),
-            shifted_recompute_pct=integer("SEMGOV_SHIFTED_RECOMPUTE_PCT", 0, 0, 100),
-            audit_keyring=optional_path("SEMGOV_AUDIT_KEYRING"),
-            context_key_previous=optional_path("SEMGOV_CONTEXT_KEY_PREVIOUS"),
-            canary_rate=share("SEMGOV_CANARY_RATE"),
-            canary_tokens=integer("SEMGOV_CANARY_TOKENS", 16, 1, 4096),
-            canary_budget=integer("SEMGOV_CANARY_BUDGET", 0, 0, 1 << 20),
-            canary_queue=integer("SEMGOV_CANARY_QUEUE", 16, 1, 4096),
-            canary_idle_ms=integer("SEMGOV_CANARY_IDLE_MS", 200, 0, 600_000),
-            canary_timeout_s=integer("SEMGOV_CANARY_TIMEOUT_S", 300, 1, 86_400),
+            engine=e.text("SEMGOV_ENGINE") or None,
+            provider=e.text("SEMGOV_PROVIDER") or "minhash",
+            min_unmatched_tokens=e.integer("SEMGOV_MIN_UNMATCHED_TOKENS", 256, 1, 1 << 24),
+            max_candidates=e.integer("SEMGOV_MAX_CANDIDATES", 4, 1, 64),
+            donor_ttl_s=e.integer("SEMGOV_DONOR_TTL_S", 3600, 1, 366 * 86400),
+            max_donors_per_scope=e.integer("SEMGOV_MAX_DONORS_PER_SCOPE", 1024, 1, 1 << 20),
+            detokenizer=e.text("SEMGOV_DETOKENIZER") or "auto",
+            decision_timeout_ms=e.integer("SEMGOV_DECISION_TIMEOUT_MS", 100, 1, 60_000),
+            audit_wait_ms=e.integer("SEMGOV_AUDIT_WAIT_MS", 50, 0, 10_000),
+            strict=e.flag("SEMGOV_STRICT", False),
+            async_registration=e.flag("SEMGOV_ASYNC_REGISTRATION", True),
+            async_decisions=e.flag("SEMGOV_ASYNC_DECISIONS", True),
+            decision_process=e.flag("SEMGOV_DECISION_PROCESS", True),
+            max_regions=e.integer("SEMGOV_MAX_REGIONS", 4, 0, 64),
+            min_region_tokens=e.integer("SEMGOV_MIN_REGION_TOKENS", 64, 1, 1 << 24),
+            shifted_recompute_pct=e.integer("SEMGOV_SHIFTED_RECOMPUTE_PCT", 0, 0, 100),
+            audit_keyring=e.optional_path("SEMGOV_AUDIT_KEYRING"),
+            context_key_previous=e.optional_path("SEMGOV_CONTEXT_KEY_PREVIOUS"),
+            canary_rate=e.share("SEMGOV_CANARY_RATE"),
+            canary_tokens=e.integer("SEMGOV_CANARY_TOKENS", 16, 1, 4096),
+            canary_budget=e.integer("SEMGOV_CANARY_BUDGET", 0, 0, 1 << 20),
+            canary_queue=e.integer("SEMGOV_CANARY_QUEUE", 16, 1, 4096),
+            canary_idle_ms=e.integer("SEMGOV_CANARY_IDLE_MS", 200, 0, 600_000),
+            canary_timeout_s=e.integer("SEMGOV_CANARY_TIMEOUT_S", 300, 1, 86_400),
         )
+
+
+class _Env:
+    """One variable of the environment read as a setting's type (raises :class:`HookConfigError`
+    naming it); unset or blank means the default."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+
+    def text(self, name: str) -> str:
+        return self.env.get(name, "").strip()
+
+    def path(self, name: str) -> Path:
+        v = self.text(name)
+        if not v:
+            raise HookConfigError(
+                f"{name} is not set: the semgov radix-cache backend needs it (docs/sglang.md)"
+            )
+        p = Path(v)
+        if not p.exists():
+            raise HookConfigError(f"{name}={v}: no such file or directory")
+        return p
+
+    def optional_path(self, name: str) -> Path | None:
+        return self.path(name) if self.text(name) else None
+
+    def integer(self, name: str, default: int, lo: int, hi: int) -> int:
+        v = self.text(name)
+        if not v:
+            return default
+        try:
+            n = int(v)
+        except ValueError:
+            raise HookConfigError(f"{name}={v!r}: not an integer") from None
+        if not lo <= n <= hi:
+            raise HookConfigError(f"{name}={n}: must be between {lo} and {hi}")
+        return n
+
+    def flag(self, name: str, default: bool) -> bool:
+        v = self.text(name).lower()
+        if not v:
+            return default
+        if v in ("1", "true", "yes", "on"):
+            return True
+        if v in ("0", "false", "no", "off"):
+            return False
+        raise HookConfigError(f"{name}={v!r}: expected 1/0, true/false, yes/no or on/off")
+
+    def share(self, name: str) -> float:
+        v = self.text(name)
+        if not v:
+            return 0.0
+        try:
+            x = float(v)
+        except ValueError:
+            raise HookConfigError(f"{name}={v!r}: not a number") from None
+        if not 0.0 <= x <= 1.0:  # NOTE: also refuses nan
+            raise HookConfigError(f"{name}={v}: must be between 0 and 1 (a share of requests)")
+        return x
 
 
 def read_context_key(path: Path, name: str = "SEMGOV_CONTEXT_KEY") -> bytes:

@@ -43,10 +43,12 @@ import torch
 import torch.distributed as dist
 
 from engine_hooks.sglang.context import RequestContext
-from engine_hooks.sglang.governor import DonorSpec, LiveDonor, PendingDecision, pop_donor, verified_context
+from engine_hooks.sglang.decisions import PendingDecision
+from engine_hooks.sglang.donors import DonorSpec, LiveDonor, pop_donor
+from engine_hooks.sglang.governor import verified_context
 from engine_hooks.sglang.settings import HookSettings, read_context_key
-from semgov._internal.log import get_logger
 from semgov.decide import SignedDecision
+from semgov.log import get_logger
 
 __all__ = ["Choice", "DonorOp", "FollowerGovernor", "RoundSync", "TpLink"]
 

@@ -14,13 +14,13 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from semgov.canonical import canonicalize
+from semgov.signing.canonical import canonicalize
 
 
 def segments_sha256(segments: Iterable[Any]) -> str:
     """SHA-256 of the RFC 8785 JSON list of ``{"role", "start", "end"}`` objects, in prompt order.
 
-    Accepts :class:`~semgov.models.Segment` objects, mappings, or ``(role, start, end)`` triples.
+    Accepts :class:`~semgov.wire.models.Segment` objects, mappings, or ``(role, start, end)`` triples.
     """
     out: list[dict[str, object]] = []
     for s in segments:

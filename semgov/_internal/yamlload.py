@@ -6,7 +6,7 @@ duplicate keys, and returns the data with a map from each value's path to its
 1-based line, so validation errors can name ``file:line``.
 
 Before composing, one pass over the parser's events (iterative, unlike the
-recursive composer) enforces :class:`~semgov.limits.Limits` ``max_yaml_depth``
+recursive composer) enforces :class:`~semgov.intake.limits.Limits` ``max_yaml_depth``
 and ``max_yaml_nodes``, counting each alias as the nodes it stands for: a
 billion-laughs document is refused at the alias that crosses the limit, without
 ever being expanded.
@@ -27,13 +27,9 @@ from typing import Any
 import yaml
 
 from semgov.errors import PolicyError
-from semgov.limits import Limits, resolve
+from semgov.intake.limits import Limits, resolve
 
 Path_ = tuple[str | int, ...]
-
-# The defaults (settings: SEMGOV_MAX_YAML_NODES, SEMGOV_MAX_YAML_DEPTH).
-MAX_NODES = Limits().max_yaml_nodes
-MAX_DEPTH = Limits().max_yaml_depth
 
 
 def _depth_error(limits: Limits, source: str, line: int | None) -> PolicyError:

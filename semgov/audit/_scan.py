@@ -1,9 +1,10 @@
-"""The per-frame half of ``verify_log``: pure checks run in worker processes over ranges of records.log.
+"""The per-frame half of ``verify_log``: pure checks of the frames of one range of records.log.
 
-A range is re-read from disk and every frame in it checked: record frames (index, SHA-256, the
+:mod:`semgov.audit.verify_dir` splits the log into ranges and has each re-read from disk in a
+worker process, which checks every frame in it here: record frames (index, SHA-256, the
 record's canonical form and signature, its decision or event id) and seal frames (SHA-256,
 position, the note and its signatures). What needs the whole log (roots, trust, validity,
-anchoring, duplicates) is the parent's job (:mod:`semgov.audit.verify`).
+anchoring, duplicates) is the parent's job (:mod:`semgov.audit.verify`). No file access here.
 """
 
 from __future__ import annotations
@@ -11,22 +12,19 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import struct
 from array import array
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from semgov.audit.frames import FRAME_HEADER, INDEX, SEAL_FLAG
 from semgov.audit.keyring import key_name_for
 from semgov.audit.merkle import leaf_hash
 from semgov.audit.note import NoteError, open_note, unverified_checkpoint
-from semgov.audit.store import FRAME_HEADER, MAX_RECORD_BYTES, SEAL_FLAG
-from semgov.canonical import canonicalize_record
-from semgov.models import DECISION_SCHEMAS, ENGINE_EVENT_SCHEMAS
+from semgov.signing.canonical import canonicalize_record
+from semgov.wire.models import DECISION_SCHEMAS, ENGINE_EVENT_SCHEMAS
 
-_INDEX = struct.Struct(">Q")
 _SIGNED = {
     **dict.fromkeys(DECISION_SCHEMAS, "decision"),
     **dict.fromkeys(ENGINE_EVENT_SCHEMAS, "engine event"),
@@ -132,42 +130,6 @@ def _signature_problem(
     return None
 
 
-def scan_ranges(path: Path, per: int) -> tuple[list[tuple[int, int, int]], tuple[int, str] | None]:
-    """Split the log into ranges of ``per`` records by reading frame headers only.
-
-    Returns ``[(first record index, start offset, end offset)]`` and ``(index, why)`` for the
-    problem that stopped the scan (an incomplete or impossible frame), if any.
-    """
-    size = path.stat().st_size
-    hsize = FRAME_HEADER.size
-    ranges: list[tuple[int, int, int]] = []
-    problem = None
-    with open(path, "rb") as f:
-        off = index = 0
-        start, first = 0, 0
-        while off < size:
-            head = f.read(hsize)
-            if len(head) < hsize:
-                problem = (index, f"incomplete frame header at byte {off} (torn tail?)")
-                break
-            frame_index, length, _ = FRAME_HEADER.unpack(head)
-            end = off + hsize + length
-            if length > MAX_RECORD_BYTES or end > size:
-                problem = (index, f"frame at byte {off} claims {length} bytes; the file ends first")
-                break
-            f.seek(end)
-            off = end
-            if frame_index & SEAL_FLAG:
-                continue
-            index += 1
-            if index - first == per:
-                ranges.append((first, start, off))
-                start, first = off, index
-        if off > start:  # the last, partial range (up to the problem, if one stopped the scan)
-            ranges.append((first, start, off))
-    return ranges, problem
-
-
 @dataclass(frozen=True)
 class SealSeen:
     """A seal frame that stands where its size says: the tree it claims and who signed it."""
@@ -206,7 +168,7 @@ def seal_problem(
 ) -> tuple[SealSeen | None, str | None]:
     """Check one seal frame (``count`` records before it): the seal, or why it is bad."""
     claimed = field_ ^ SEAL_FLAG
-    sha256, pack = hashlib.sha256, _INDEX.pack
+    sha256, pack = hashlib.sha256, INDEX.pack
     if sha256(pack(field_) + payload).digest() != digest:
         if sha256(pack(claimed) + payload).digest() == digest:
             return None, f"frame at byte offset {off}: its index field says {field_} (frame header altered)"
@@ -238,15 +200,15 @@ def seal_problem(
     return SealSeen(claimed, off, cp.origin, cp.root, tuple(signers), tuple(unknown)), None
 
 
-def verify_range(args: tuple[str, int, int, int, WireKeys, str | None]) -> Found:
-    """Worker: the frames of one range: index and hash checks, leaf hashes, signatures, ids, seals."""
-    path, first, start, end, wire, expected = args
+def check_range(data: bytes, first: int, start: int, wire: WireKeys, expected: str | None) -> Found:
+    """The frames of one range: index and hash checks, leaf hashes, signatures, ids, seals.
+
+    ``data`` is the range's bytes, read from byte offset ``start`` of records.log, and begins
+    with record ``first`` (whole frames only: :func:`semgov.audit.verify_dir.scan_ranges`).
+    """
     keys = _Keys(wire)
-    with open(path, "rb") as f:
-        f.seek(start)
-        data = f.read(end - start)
     hsize = FRAME_HEADER.size
-    sha256, unpack, pack_index = hashlib.sha256, FRAME_HEADER.unpack_from, _INDEX.pack
+    sha256, unpack, pack_index = hashlib.sha256, FRAME_HEADER.unpack_from, INDEX.pack
     out = Found()
     leaves: list[bytes] = []
     id_at, id_hashes = array("Q"), bytearray()
@@ -294,23 +256,14 @@ def _extend(spans: list[tuple[int, int, str]], index: int, kid: str) -> None:
         spans.append((index, index + 1, kid))
 
 
-def leaves_at(path: Path, ranges: list[tuple[int, int, int]], wanted: set[int]) -> dict[int, bytes]:
-    """The record bytes at the ``wanted`` indexes (reading only the ranges that hold them)."""
-    out: dict[int, bytes] = {}
+def range_leaves(data: bytes, first: int, wanted: set[int], out: dict[int, bytes]) -> None:
+    """Add to ``out`` the record bytes at the ``wanted`` indexes in a range starting at record ``first``."""
     hsize = FRAME_HEADER.size
-    with open(path, "rb") as f:
-        for i, (first, start, end) in enumerate(ranges):
-            stop = ranges[i + 1][0] if i + 1 < len(ranges) else None
-            if not any(first <= w and (stop is None or w < stop) for w in wanted):
-                continue
-            f.seek(start)
-            data = f.read(end - start)
-            off, index = 0, first
-            while off < len(data):
-                frame_index, length, _ = FRAME_HEADER.unpack_from(data, off)
-                if not frame_index & SEAL_FLAG:
-                    if index in wanted:
-                        out[index] = data[off + hsize : off + hsize + length]
-                    index += 1
-                off += hsize + length
-    return out
+    off, index = 0, first
+    while off < len(data):
+        frame_index, length, _ = FRAME_HEADER.unpack_from(data, off)
+        if not frame_index & SEAL_FLAG:
+            if index in wanted:
+                out[index] = data[off + hsize : off + hsize + length]
+            index += 1
+        off += hsize + length

@@ -30,10 +30,10 @@ from typing import Literal
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from semgov._internal.strictjson import StrictJSONError
-from semgov._internal.strictjson import loads as strict_loads
 from semgov.errors import InputError, KeyFileError
-from semgov.keys import key_id_for, parse_public_pem
+from semgov.signing.keys import key_id_for, parse_public_pem
+from semgov.wire.strictjson import StrictJSONError
+from semgov.wire.strictjson import loads as strict_loads
 
 ROLES = frozenset({"records", "checkpoints"})
 _KEY_NAME_BAD = re.compile(r"[\s+\x00-\x1f\x7f]")

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from semgov._internal.timefmt import parse_rfc3339
-from semgov.models import ENGINE_EVENT_SCHEMAS
+from semgov.wire.models import ENGINE_EVENT_SCHEMAS
+from semgov.wire.timefmt import parse_rfc3339
 
 
 def is_event(rec: dict[str, Any]) -> bool:

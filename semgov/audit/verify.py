@@ -1,10 +1,10 @@
-"""Verifying an audit log, and offline proof bundles.
+"""The checks of audit log verification, and offline proof bundles: pure, no file or process I/O.
 
-``verify_log`` re-reads every frame, re-hashes every leaf, checks every record's signature
-(decision records and engine events; in parallel worker processes for large logs) and every
-seal's, recomputes the tree, checks every seal and the latest and every older signed checkpoint
-against it, finds decision and event ids that repeat, and, given a checkpoint a reviewer kept,
-proves the log still extends it.
+:func:`~semgov.audit.verify_dir.verify_log` reads a log directory (its frames checked in worker
+processes by :mod:`semgov.audit._scan`) and runs the whole-log checks here (:class:`LogChecks`):
+it recomputes the tree, checks every seal and the latest and every older signed checkpoint
+against it, checks who signed what against each key's validity, finds decision and event ids
+that repeat, and, given a checkpoint a reviewer kept, proves the log still extends it.
 
 Keys come from an :class:`~semgov.audit.keyring.AuditKeyring` (or one public key, valid for
 everything): a record is trusted only when signed by a key valid for its index, a seal or
@@ -16,27 +16,24 @@ anchors (records after the last one: a crash mid-write or someone else's frames)
 it checks the structure only (:attr:`Report.structure_only`).
 
 Proof bundles (``semgov.audit_proof/v1``) carry one record, its inclusion proof and the signed
-checkpoint it is proved against; :func:`verify_bundle` checks one with no access to the log.
+checkpoint it is proved against (:func:`proof_bundle`; made from a log directory by
+:func:`~semgov.audit.verify_dir.make_bundle`); :func:`verify_bundle` checks one with no access
+to the log.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from semgov._internal import strictjson
-from semgov.audit import _scan
-from semgov.audit._scan import Found, SealSeen, WireKeys, brief, record_id
+from semgov.audit._scan import Found, SealSeen, brief, inspect_record, record_id
 from semgov.audit.keyring import AuditKey, AuditKeyring
 from semgov.audit.merkle import (
     EMPTY_ROOT,
@@ -49,15 +46,14 @@ from semgov.audit.merkle import (
     verify_inclusion,
 )
 from semgov.audit.note import Checkpoint, NoteError, open_note, unverified_checkpoint
-from semgov.audit.store import CHECKPOINTS_DIR, LOG_FILE, AuditLogError, iter_records, read_checkpoint
-from semgov.keys import key_id_for
-from semgov.models import DECISION_SCHEMAS
+from semgov.signing.keys import key_id_for
+from semgov.wire import strictjson
+from semgov.wire.models import DECISION_SCHEMAS
 
 BUNDLE_SCHEMA = "semgov.audit_proof/v1"
 _MAX_SIZE = 2**64 - 1  # tree sizes are uint64 (checkpoints, RFC 9162)
 _MAX_PROOF = 64  # an inclusion path in a tree of at most 2^64 leaves
 _HEX_HASH = re.compile(r"[0-9a-f]{64}")
-_CHUNK = 20_000  # records per worker task
 _brief = brief
 
 
@@ -154,13 +150,7 @@ def record_problem(leaf: bytes, public_key: Ed25519PublicKey, key_id: str) -> st
 
     Never raises for any ``leaf`` (this runs on every record of a log, hostile ones included).
     """
-    return _scan.inspect_record(leaf, {key_id: public_key}, key_id)[0]
-
-
-def _span_words(start: int, end: int) -> str:
-    """Records ``start..end-1`` in words, for a message that names them."""
-    n = end - start
-    return f"record {start}" if n == 1 else f"records {start}..{end - 1}"
+    return inspect_record(leaf, {key_id: public_key}, key_id)[0]
 
 
 def _count_words(start: int, end: int) -> str:
@@ -241,49 +231,18 @@ def _roots_at(hashes: Sequence[bytes], sizes: Iterable[int]) -> dict[int, bytes]
 # ---- the log ----------------------------------------------------------------------------------
 
 
-def verify_log(
-    directory: Path,
-    *,
-    public_key: Ed25519PublicKey | None = None,
-    keyring: AuditKeyring | None = None,
-    kept_checkpoint: bytes | None = None,
-    workers: int | None = None,
-    allow_unanchored: bool = False,
-) -> Report:
-    """Verify everything in the log at ``directory`` (see the module docstring).
+class LogChecks:
+    """The parent side of :func:`~semgov.audit.verify_dir.verify_log`: everything that needs the whole log.
 
-    ``public_key`` (one key, valid for everything) or ``keyring``; neither: structure only.
-    ``allow_unanchored``: records no trusted seal or checkpoint anchors are a note, not a problem.
+    Fed what was read from the log (:meth:`add_ranges`, :meth:`add_checkpoints`), then checked:
+    :meth:`check_tree`, :meth:`check_records`, :meth:`check_anchoring`, and
+    :meth:`check_duplicates` with the records :meth:`duplicates_to_read` names; :meth:`report`.
     """
-    if public_key is not None and keyring is not None:
-        raise ValueError("give public_key or keyring, not both")
-    ring = AuditKeyring.single(public_key) if public_key is not None else keyring
-    expected = key_id_for(public_key) if public_key is not None else None
-    path = Path(directory) / LOG_FILE
-    if not path.exists():
-        raise AuditLogError("no audit log here (records.log is missing)", source=str(directory))
-    v = _Verifier(Path(directory), ring, expected)
-    v.scan(workers if workers is not None else min(2, os.cpu_count() or 1))
-    v.read_checkpoints(kept_checkpoint)
-    v.check_tree()
-    v.check_records()
-    v.check_anchoring(allow_unanchored)
-    v.check_duplicates()
-    v.rep.problems.sort(key=lambda p: (p.index is None, p.index or 0))
-    return v.rep
 
-
-class _Verifier:
-    """The parent side of :func:`verify_log`: everything that needs the whole log."""
-
-    def __init__(self, directory: Path, ring: AuditKeyring | None, expected: str | None) -> None:
-        self.directory = directory
-        self.path = directory / LOG_FILE
+    def __init__(self, ring: AuditKeyring | None) -> None:
         self.ring = ring
-        self.expected = expected
         self.rep = Report(structure_only=ring is None)
         self.hashes: list[bytes] = []
-        self.ranges: list[tuple[int, int, int]] = []
         self.found: list[Found] = []
         self.seals: list[SealSeen] = []
         self.history: list[_Note] = []  # checkpoints/<size>.note, by size
@@ -293,20 +252,16 @@ class _Verifier:
         # (size, signers) of every seal and checkpoint whose tree matches the records
         self.anchors: list[tuple[int, tuple[str, ...]]] = []
 
+    def report(self) -> Report:
+        """The report, its problems sorted by record index (those about no one record last)."""
+        self.rep.problems.sort(key=lambda p: (p.index is None, p.index or 0))
+        return self.rep
+
     # -- frames --------------------------------------------------------------------------------
 
-    def scan(self, nproc: int) -> None:
-        """Every frame, in worker processes when the log has several ranges."""
-        self.ranges, scan_problem = _scan.scan_ranges(self.path, _CHUNK)
-        wire: WireKeys = None
-        if self.ring is not None:
-            wire = tuple((k.key_id, k.public_key.public_bytes_raw()) for k in self.ring)
-        jobs = [(str(self.path), first, start, end, wire, self.expected) for first, start, end in self.ranges]
-        if nproc > 1 and len(jobs) > 1:
-            with ProcessPoolExecutor(nproc) as pool:
-                self.found = list(pool.map(_scan.verify_range, jobs))
-        else:
-            self.found = [_scan.verify_range(j) for j in jobs]
+    def add_ranges(self, found: list[Found], scan_problem: tuple[int, str] | None) -> None:
+        """What every range of frames holds, in order, and the problem that stopped the split, if any."""
+        self.found = found
         rep = self.rep
         for f in self.found:
             self.hashes += [f.leaves[i : i + 32] for i in range(0, len(f.leaves), 32)]
@@ -336,26 +291,23 @@ class _Verifier:
             return None
         return _Note(what, cp, tuple(signers))
 
-    def read_checkpoints(self, kept: bytes | None) -> None:
-        """The latest checkpoint, every older one the log kept, and the reviewer's, signatures checked."""
+    def add_checkpoints(
+        self, latest: bytes | None, numbered: Iterable[tuple[str, bytes | OSError]], kept: bytes | None
+    ) -> None:
+        """The latest checkpoint, every older one the log kept, and the reviewer's, signatures checked.
+
+        ``numbered``: ``(file name, its bytes or why it could not be read)`` of every
+        ``checkpoints/<size>.note``, by size.
+        """
         rep = self.rep
-        note = read_checkpoint(self.directory)
-        if note is None:
+        if latest is None:
             rep.notes.append("no checkpoint yet")
         else:
-            self.latest = self._note(note, "latest checkpoint")
+            self.latest = self._note(latest, "latest checkpoint")
             rep.checkpoint = self.latest.cp if self.latest is not None else None
-        try:
-            names = os.listdir(self.directory / CHECKPOINTS_DIR)
-        except FileNotFoundError:
-            names = []
-        # NOTE: ASCII digits only: str.isdigit() is also true of "²" or "٣", which int() refuses.
-        numbered = [n for n in names if n.endswith(".note") and n[:-5].isascii() and n[:-5].isdigit()]
-        for name in sorted(numbered, key=lambda n: int(n[:-5])):
-            try:
-                data = (self.directory / CHECKPOINTS_DIR / name).read_bytes()
-            except OSError as e:
-                rep.problems.append(Problem(None, f"checkpoint {name} rejected: {e.strerror}"))
+        for name, data in numbered:
+            if isinstance(data, OSError):
+                rep.problems.append(Problem(None, f"checkpoint {name} rejected: {data.strerror}"))
                 continue
             n = self._note(data, f"checkpoint {name}")
             if n is not None and n.cp.size != int(name[:-5]):
@@ -364,7 +316,7 @@ class _Verifier:
                 )
             elif n is not None:
                 self.history.append(n)
-        rep.checkpoints_checked = len(self.history) + (note is not None)
+        rep.checkpoints_checked = len(self.history) + (latest is not None)
         if kept is not None and self.ring is None:
             rep.problems.append(
                 Problem(None, "a kept checkpoint can only be checked with --pubkey or --keyring")
@@ -604,19 +556,24 @@ class _Verifier:
                 Problem(rep.anchored, msg, exact=False, end=rep.records - 1, named=True, secondary=True)
             )
 
-    def check_duplicates(self) -> None:
-        """A decision_id or event_id that two records carry: an error naming both indexes."""
+    def duplicates_to_read(self) -> set[int]:
+        """The indexes of the records whose id hash repeats another's (the records to compare)."""
         at = np.frombuffer(b"".join(f.id_at for f in self.found), dtype=np.uint64)
         hashes = np.frombuffer(b"".join(f.id_hash for f in self.found), dtype=np.uint64)
         if len(hashes) < 2:
-            return
+            return set()
         order = np.argsort(hashes, kind="stable")
         ordered = hashes[order]
         same = np.flatnonzero(ordered[1:] == ordered[:-1])
         if not len(same):
-            return
-        wanted = {int(at[order[i]]) for i in same} | {int(at[order[i + 1]]) for i in same}
-        leaves = _scan.leaves_at(self.path, self.ranges, wanted)
+            return set()
+        return {int(at[order[i]]) for i in same} | {int(at[order[i + 1]]) for i in same}
+
+    def check_duplicates(self, leaves: dict[int, bytes]) -> None:
+        """A decision_id or event_id that two records carry: an error naming both indexes.
+
+        ``leaves``: the records :meth:`duplicates_to_read` named, by index.
+        """
         first: dict[tuple[str, str], int] = {}
         for index in sorted(leaves):
             try:
@@ -657,43 +614,29 @@ def _span_problem(lo: int, hi: int, why: str) -> Problem:
 # ---- offline proof bundles --------------------------------------------------------------------
 
 
-def make_bundle(directory: Path, decision_id: str) -> dict[str, Any]:
-    """Proof bundle for the decision record ``decision_id`` against the log's latest checkpoint."""
-    note = read_checkpoint(directory)
-    if note is None:
-        raise AuditLogError("the log has no checkpoint yet; nothing to prove against", source=str(directory))
+def is_decision_record(leaf: bytes, decision_id: str) -> bool:
+    """Whether ``leaf`` is the decision record ``decision_id`` (strict JSON; never raises)."""
     try:
-        cp, _ = unverified_checkpoint(note)
-    except NoteError as e:
-        raise AuditLogError(f"the latest checkpoint is malformed: {e}", source=str(directory)) from e
-    hashes: list[bytes] = []
-    found: tuple[int, bytes] | None = None
-    needle = json.dumps(decision_id).encode()
-    for i, leaf in iter_records(directory):
-        if i >= cp.size:
-            break
-        hashes.append(leaf_hash(leaf))
-        if found is None and needle in leaf:
-            try:
-                rec = strictjson.loads(leaf)
-            except strictjson.StrictJSONError:
-                continue  # not a record anyone can prove (`semgov audit verify` names it)
-            # NOTE: an engine event names its decision too; the bundle proves the decision record.
-            is_decision = isinstance(rec, dict) and rec.get("schema") in DECISION_SCHEMAS
-            if is_decision and rec.get("decision_id") == decision_id:
-                found = (i, leaf)
-    if found is None:
-        raise AuditLogError(
-            f"no record with decision_id {decision_id!r} among the {cp.size} records the latest checkpoint "
-            "covers (a newer record is provable after the next checkpoint)",
-            source=str(directory),
-        )
-    index, leaf = found
+        rec = strictjson.loads(leaf)
+    except strictjson.StrictJSONError:
+        return False  # not a record anyone can prove (`semgov audit verify` names it)
+    # NOTE: an engine event names its decision too; the bundle proves the decision record.
+    is_decision = isinstance(rec, dict) and rec.get("schema") in DECISION_SCHEMAS
+    return bool(is_decision and rec.get("decision_id") == decision_id)
+
+
+def proof_bundle(
+    note: bytes, tree_size: int, index: int, leaf: bytes, hashes: Sequence[bytes]
+) -> dict[str, Any]:
+    """The proof bundle of record ``index`` (``leaf``) of the tree of ``hashes``, against ``note``.
+
+    ``note``: the signed checkpoint of that tree (``tree_size`` records).
+    """
     return {
         "schema": BUNDLE_SCHEMA,
         "record": leaf.decode("utf-8"),
         "index": index,
-        "tree_size": cp.size,
+        "tree_size": tree_size,
         "inclusion_proof": [h.hex() for h in inclusion_proof(index, hashes)],
         "checkpoint": note.decode("utf-8"),
     }
@@ -730,7 +673,7 @@ def _text_field(bundle: dict[str, Any], name: str) -> bytes:
 def read_bundle(data: bytes | str) -> Any:
     """Parse a proof bundle file as strict JSON (no duplicate keys, NaN, lone surrogates or deep nesting).
 
-    Raises :class:`semgov._internal.strictjson.StrictJSONError` (a ValueError) saying what is wrong.
+    Raises :class:`semgov.wire.strictjson.StrictJSONError` (a ValueError) saying what is wrong.
     """
     return strictjson.loads(data)
 
@@ -782,7 +725,7 @@ def verify_bundle(bundle: Any, key: Ed25519PublicKey | AuditKeyring) -> dict[str
         raise ProofError(f"bundle says tree size {size}, its checkpoint says {cp.size}")
     verify_inclusion(index, size, leaf_hash(leaf), proof, cp.root)
     keys = {k.key_id: k.public_key for k in ring}
-    why, kid, _ = _scan.inspect_record(leaf, keys, expected)
+    why, kid, _ = inspect_record(leaf, keys, expected)
     signer = ring.get(kid) if kid is not None else None
     if why is None and signer is not None:
         why = next((w for _, _, w in _record_span_problems(signer, index, index + 1)), None)

@@ -11,8 +11,8 @@ from typing import Any, get_args
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from semgov._internal import log, strictjson
-from semgov._internal.strictjson import StrictJSONError
+from semgov import log
+from semgov.audit.errors import AuditLogError
 from semgov.audit.keyring import AuditKeyring
 from semgov.audit.merkle import ProofError
 from semgov.audit.query import (
@@ -25,11 +25,14 @@ from semgov.audit.query import (
     select,
     tally,
 )
-from semgov.audit.store import AuditLogError, iter_records
-from semgov.audit.verify import Report, make_bundle, read_bundle, verify_bundle, verify_log
+from semgov.audit.reader import iter_records
+from semgov.audit.verify import Report, read_bundle, verify_bundle
+from semgov.audit.verify_dir import make_bundle, verify_log
 from semgov.errors import InputError
-from semgov.keys import load_public_key
-from semgov.models import ENGINE_EVENT_SCHEMAS, GATES, EngineEventKind
+from semgov.signing.keys import load_public_key
+from semgov.wire import strictjson
+from semgov.wire.models import ENGINE_EVENT_SCHEMAS, GATES, EngineEventKind
+from semgov.wire.strictjson import StrictJSONError
 
 DEFAULT_DIR = Path("audit/log")
 

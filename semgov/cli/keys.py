@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from semgov.keys import generate_keypair, key_id_for, load_signing_key
+from semgov.signing.keys import generate_keypair, key_id_for, load_signing_key
 
 
 def register(sub: Any) -> None:

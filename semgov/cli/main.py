@@ -6,8 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from semgov import __version__
-from semgov._internal import log
+from semgov import __version__, log
 from semgov.cli import audit, bench, calibrate, check, keys, policy, schema, verify
 from semgov.errors import SemgovError
 

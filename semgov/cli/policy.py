@@ -9,10 +9,10 @@ from typing import Any
 
 from semgov.cli.check import add_limit_flags, limits_from_args
 from semgov.errors import PolicyError
-from semgov.policy import POLICY_FILE, load_policy
-from semgov.policy_source import load_policy_source, make_engine
-from semgov.policy_tests import TestOutcome, case_files, run_case_file, run_rego_tests
-from semgov.rego_policy import RegoPolicy, lint, rego_files
+from semgov.policy.rego.loader import RegoPolicy, lint, rego_files
+from semgov.policy.source import load_policy_source, make_engine
+from semgov.policy.testing import TestOutcome, case_files, run_case_file, run_rego_tests
+from semgov.policy.yaml.model import POLICY_FILE, load_policy
 
 TEST_HELP = """\
 Run a policy directory's unit tests and report each as PASS, FAIL or ERROR:

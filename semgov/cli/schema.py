@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from semgov.schemas import render_all
+from semgov.wire.schemas import render_all
 
 
 def register(sub: Any) -> None:

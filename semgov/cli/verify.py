@@ -6,10 +6,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from semgov._internal import log
+from semgov import log
 from semgov.errors import InputError, SignatureError
-from semgov.keys import load_public_key
-from semgov.records import verify_record_json
+from semgov.signing.keys import load_public_key
+from semgov.signing.records import verify_record_json
 
 
 def register(sub: Any) -> None:

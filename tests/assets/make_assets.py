@@ -16,8 +16,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from semgov import Evaluator, Keyring, generate_keypair, load_policy, load_signing_key  # noqa: E402
-from semgov.engine_events import engine_event, sign_engine_event  # noqa: E402
-from semgov.keys import SigningKey, public_pem  # noqa: E402
+from semgov.signing.engine_events import engine_event, sign_engine_event  # noqa: E402
+from semgov.signing.keys import SigningKey, public_pem  # noqa: E402
 from tests.conftest import DEFAULT_POLICY_DIR, candidate, parse, request  # noqa: E402
 
 

@@ -112,7 +112,7 @@ def hook_files(tmp_path: Path) -> HookFiles:
 
 
 def make_hook_files(tmp_path: Path) -> HookFiles:
-    from semgov.keys import generate_keypair, key_id_for, load_public_key
+    from semgov.signing.keys import generate_keypair, key_id_for, load_public_key
 
     priv, pub = generate_keypair(tmp_path / "keys")
     kid = key_id_for(load_public_key(pub))
@@ -299,6 +299,14 @@ class Harness:
             rounds += 1
         return rounds
 
+    def settle(self, timeout: float = 120.0) -> None:
+        """Wait until every decision queued so far is made and every record appended so far is
+        durable (the decision thread idle, then the audit log flushed), however slow this machine
+        decides or fsyncs: no deadline of the hook's is in play while it waits (a decision done is
+        taken whenever it is polled, and an allow's durability deadline starts only then)."""
+        assert self.tree.gov.wait_idle(timeout)
+        self.tree.gov.audit.flush()
+
     def admit(self, req: Any, chunk: int | None = None) -> None:
         """The prefill adder's admission of one request (its cache-facing steps, in order)."""
         from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
@@ -448,7 +456,7 @@ class Harness:
 
     def records(self) -> list[dict[str, Any]]:
         """Every record of the audit log (after the decision thread and the writer are idle)."""
-        from semgov.audit.store import iter_records
+        from semgov.audit.reader import iter_records
 
         assert self.tree.gov.wait_idle(60)
         self.tree.gov.audit.flush()

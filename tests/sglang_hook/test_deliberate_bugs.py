@@ -135,6 +135,10 @@ def _until_the_buggy_step(h: Any, bug: str, buggy: type[GovernedRadixCache] | No
     b = blocks()
     _donor(h, b)
     rcp = _recipient(h, b)
+    rcp.init_next_round_input(h.tree)  # the round's match queues the decision
+    # NOTE: decided and the allow record durable before the rounds that admit it: a slow fsync on a
+    # loaded machine must not outlast SEMGOV_AUDIT_WAIT_MS and turn the buggy step into a cold fallback.
+    h.settle()
     h.match(rcp)
     assert rcp.prefix_len == S_LEN and rcp.host_hit_length == E_LEN
     if bug == "stale":

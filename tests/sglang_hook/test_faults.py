@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from engine_hooks.sglang.settings import HookConfigError
-from semgov.audit.store import AuditWriteError
-from semgov.audit.verify import verify_log
-from semgov.engine import EngineResult, GateOutcome
-from semgov.keys import load_signing_key
-from semgov.models import GATES
+from semgov.audit.errors import AuditWriteError
+from semgov.audit.verify_dir import verify_log
+from semgov.policy.engine import EngineResult, GateOutcome
+from semgov.signing.keys import load_signing_key
+from semgov.wire.models import GATES
 from tests.sglang_hook.scenario import E_LEN, S_LEN, blocks
 
 

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-import engine_hooks.sglang.governor as governor_mod
+import engine_hooks.sglang.donors as donors_mod
+import engine_hooks.sglang.events as events_mod
 from engine_hooks.sglang.cache import state_of
 from engine_hooks.sglang.plugin import prefill_round
 from tests.sglang_hook.scenario import E_LEN, S_LEN, blocks, new_recipient, run_donor
@@ -62,13 +63,13 @@ def test_prefill_round_leaves_a_scheduler_without_the_backend_alone() -> None:
 def _gate_decisions(h: Any, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """Make the decision thread wait for the returned event before each decision."""
     gate = threading.Event()
-    real_decide = h.tree.gov.decide
+    real_decide = h.tree.gov.local.decide
 
     def gated(*a: Any, **k: Any) -> Any:
         gate.wait(30)
         return real_decide(*a, **k)
 
-    monkeypatch.setattr(h.tree.gov, "decide", gated)
+    monkeypatch.setattr(h.tree.gov.local, "decide", gated)
     return gate
 
 
@@ -102,7 +103,7 @@ def test_decisions_and_event_signing_run_on_the_decision_thread(
     threads: dict[str, set[str]] = {"decide": set(), "sign": set()}
     h = make_harness()
     real_evaluate = h.tree.gov.evaluator.evaluate
-    real_sign = governor_mod.sign_engine_event
+    real_sign = events_mod.sign_engine_event
 
     def evaluate(*a: Any, **k: Any) -> Any:
         threads["decide"].add(threading.current_thread().name)
@@ -113,7 +114,7 @@ def test_decisions_and_event_signing_run_on_the_decision_thread(
         return real_sign(*a, **k)
 
     monkeypatch.setattr(h.tree.gov.evaluator, "evaluate", evaluate)
-    monkeypatch.setattr(governor_mod, "sign_engine_event", sign)
+    monkeypatch.setattr(events_mod, "sign_engine_event", sign)
     b = blocks()
     run_donor(h, b)
     rcp = new_recipient(h, b)
@@ -345,8 +346,8 @@ def test_the_decision_process_registers_donors_and_signs_events_not_the_schedule
     gov = h.tree.gov
     calls: list[str] = []
     monkeypatch.setattr(gov.evaluator, "register_donor", lambda *a, **k: calls.append("scan"))
-    monkeypatch.setattr(governor_mod, "sign_provenance", lambda *a, **k: calls.append("provenance"))
-    monkeypatch.setattr(governor_mod, "sign_engine_event", lambda *a, **k: calls.append("event"))
+    monkeypatch.setattr(donors_mod, "sign_provenance", lambda *a, **k: calls.append("provenance"))
+    monkeypatch.setattr(events_mod, "sign_engine_event", lambda *a, **k: calls.append("event"))
     b = blocks()
     run_donor(h, b)
     assert gov.donor_count() == 0 and gov.wait_registrations(30)

@@ -16,8 +16,8 @@ from engine_hooks.sglang.context import make_context_token
 from engine_hooks.sglang.governor import Governor
 from engine_hooks.sglang.settings import HookConfigError, HookSettings
 from semgov.audit.keyring import AuditKeyring
-from semgov.audit.verify import verify_log
-from semgov.keys import generate_keypair, key_id_for, load_public_key
+from semgov.audit.verify_dir import verify_log
+from semgov.signing.keys import generate_keypair, key_id_for, load_public_key
 from tests.sglang_hook.conftest import CONTRACT, TASK, HookFiles
 
 ENGINE = "sglang 0.5.23"

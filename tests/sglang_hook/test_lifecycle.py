@@ -111,7 +111,7 @@ class _Everything:
         self.d.pop(donor_id, None)
 
     def query(self, scope: str, token_ids: Any, text: Any, *, limit: int) -> list[Any]:
-        from engine_hooks.sglang.provider import Match
+        from semgov.typing import Match
 
         return [Match(k, 0.9) for k, s in self.d.items() if s == scope][:limit]
 

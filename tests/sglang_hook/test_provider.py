@@ -11,13 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_hooks.sglang.provider import (
-    CandidateProvider,
-    EmbeddingProvider,
-    Match,
-    MinHashProvider,
-    load_provider,
-)
+from engine_hooks.sglang.providers import load_provider
+from engine_hooks.sglang.providers.embedding import EmbeddingProvider
+from engine_hooks.sglang.providers.minhash import MinHashProvider
+from semgov.typing import CandidateProvider, Match
 
 VOCAB = 49_152
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from engine_hooks.sglang.context import RequestContext
-from engine_hooks.sglang.governor import DonorSpec
+from engine_hooks.sglang.donors import DonorSpec
 from engine_hooks.sglang.settings import HookSettings
 from engine_hooks.sglang.tp import Choice, DonorOp, FollowerGovernor, RoundSync, TpLink
 

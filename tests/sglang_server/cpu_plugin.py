@@ -15,7 +15,7 @@ server's ``PYTHONPATH``; SGLang runs it in the launcher, the scheduler and the d
   request's whole row, before it is freed). A test then compares them with a cold prefill's.
 - With ``SEMGOV_RIG_DONOR_LOG=FILE``, it appends ``s`` to ``FILE`` for every donor the hook
   queues for registration and ``r`` when its registration is done (in the decision process or on
-  the registration thread: ``Governor._registration_done``), so the rig
+  the registration thread: ``DonorRegistry.registration_done``), so the rig
   can wait for registrations deterministically (:func:`tests.sglang_server.rig.settle`).
 - With ``SEMGOV_RIG_SCHED_LOG=FILE``, it appends one line per finished request the hook
   tracked: semgov's scheduler-thread nanoseconds for it (``_State.sched_ns``), and the seconds
@@ -41,7 +41,7 @@ DUMP_PREFIX = "kvdump-"
 
 def permissive_minhash(**kwargs: Any) -> Any:
     """MinHash proposing every same-scope donor (``min_similarity=0``), so deny paths run too."""
-    from engine_hooks.sglang.provider import MinHashProvider
+    from engine_hooks.sglang.providers.minhash import MinHashProvider
 
     return MinHashProvider(min_similarity=0.0, **kwargs)
 
@@ -117,8 +117,6 @@ def _install_sched_log(path: Path) -> None:
 def _install_donor_log(path: Path) -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    target = "engine_hooks.sglang.governor.Governor"
-
     def mark(c: bytes) -> None:
         with path.open("ab") as f:  # one byte per write: appends from two threads never interleave
             f.write(c)
@@ -126,12 +124,16 @@ def _install_donor_log(path: Path) -> None:
     def before_submit(gov: Any, spec: Any) -> None:
         mark(b"s")
 
-    def after_registration(result: Any, gov: Any, donor_id: str, registered: bool) -> Any:
+    def after_registration(result: Any, donors: Any, donor_id: str, registered: bool) -> Any:
         mark(b"r")
         return result
 
-    HookRegistry.register(f"{target}.submit_donor", before_submit, HookType.BEFORE)
-    HookRegistry.register(f"{target}._registration_done", after_registration, HookType.AFTER)
+    HookRegistry.register(
+        "engine_hooks.sglang.governor.Governor.submit_donor", before_submit, HookType.BEFORE
+    )
+    HookRegistry.register(
+        "engine_hooks.sglang.donors.DonorRegistry.registration_done", after_registration, HookType.AFTER
+    )
 
 
 def _layers(pool: Any, slots: Any) -> dict[str, Any]:

@@ -198,7 +198,7 @@ class HookFiles:
 
     @classmethod
     def make(cls, directory: Path, policy: Path = RIG_POLICY) -> HookFiles:
-        from semgov.keys import generate_keypair, key_id_for, load_public_key
+        from semgov.signing.keys import generate_keypair, key_id_for, load_public_key
 
         directory.mkdir(parents=True, exist_ok=True)
         priv, pub = generate_keypair(directory / "keys")
@@ -564,7 +564,8 @@ def launch(config: ServerConfig, work: Path) -> Iterator[Server]:
 
 def read_audit(audit_dir: Path, wait_s: float = 30.0) -> list[dict[str, Any]]:
     """Every record, once the hook's writer has committed and checkpointed all it holds."""
-    from semgov.audit.store import AuditLogError, iter_records, read_checkpoint
+    from semgov.audit.errors import AuditLogError
+    from semgov.audit.reader import iter_records, read_checkpoint
 
     deadline = time.monotonic() + wait_s
     last = -1

@@ -1,6 +1,6 @@
 # semgov default reuse policy, in Rego: the same decisions, gate for gate, as
 # policies/default/policy.yaml evaluated by the native YAML engine.
-# Convention: semgov/rego_policy.py (package semgov.reuse; rules metadata, deny,
+# Convention: semgov/policy/rego/loader.py (package semgov.reuse; rules metadata, deny,
 # allow, approved_spans, facts_config). Input: schemas/policy_input.schema.json.
 #
 # Fail closed: every gate denies unless the condition that lets it pass holds,
@@ -87,7 +87,7 @@ default allow := false
 
 allow if count(deny) == 0
 
-# The fact each gate depends on (semgov/engine.py GATE_FACT). When semgov could
+# The fact each gate depends on (semgov/policy/engine.py GATE_FACT). When semgov could
 # not compute it, semgov reports the gate as `error`; the policy denies it too,
 # so that `allow` stays false.
 gate_fact := {

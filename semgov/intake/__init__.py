@@ -1,0 +1,1 @@
+"""Intake: reading captured traffic (JSON Lines, plain or gzip) under resource limits."""

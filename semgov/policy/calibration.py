@@ -1,0 +1,171 @@
+"""Calibration: turn measured regressions into a quality overlay for a policy (pure, no engine).
+
+``semgov calibrate`` runs sampled captured requests cold and warm on an engine and records one
+:class:`Trial` per (request, recompute percent): did the warm answer regress against cold? This
+module aggregates them per scope (task id, response contract id) and span kind, with a 95% Wilson
+interval, picks per scope the smallest recompute percent whose regression rate's *upper* bound stays
+within the budget (doubt counts against reuse: 0 of 10 is not 0%), and writes the result as quality
+rules into a copy of the YAML policy (and, given one, of the Rego policy) that ``semgov policy
+check`` loads like any other.
+
+A scope whose shifted trials exceed the budget at every percent tried gets ``allow_shifted: false``.
+Prefix reuse is exact by construction and is reported, never restricted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+
+from semgov.errors import PolicyError
+from semgov.policy.yaml.model import parse_policy
+from semgov.stats import wilson
+
+Kind = Literal["prefix", "shifted"]
+
+
+@dataclass(frozen=True, slots=True)
+class Trial:
+    """One warm run of one sampled request against its cold run."""
+
+    task: str
+    contract: str
+    kind: Kind  # "shifted" when any approved span was shifted
+    percent: int  # the shifted-span recompute percent the warm run used
+    regressed: bool  # the warm answer differs from cold before any cold/cold rerun did
+
+
+@dataclass(slots=True)
+class Cell:
+    """Trials of one scope, kind and percent."""
+
+    n: int = 0
+    regressions: int = 0
+
+    @property
+    def ci95(self) -> tuple[float, float]:
+        return wilson(self.regressions, self.n)
+
+
+@dataclass(slots=True)
+class ScopeResult:
+    """What calibration found for one (task, contract) scope, and what it recommends."""
+
+    task: str
+    contract: str
+    prefix: Cell = field(default_factory=Cell)
+    shifted: dict[int, Cell] = field(default_factory=dict)
+    chosen: int | None = None  # the recompute percent kept; None with trials: shifted forbidden
+
+    @property
+    def measured_shifted(self) -> bool:
+        return any(c.n for c in self.shifted.values())
+
+    def rule(self) -> dict[str, Any] | None:
+        """The quality rule for this scope, or None (nothing shifted was measured)."""
+        if not self.measured_shifted:
+            return None
+        base: dict[str, Any] = {"task": self.task, "response_contract": self.contract}
+        if self.chosen is None:
+            return {**base, "allow_shifted": False}
+        return {**base, "shifted_recompute_percent": self.chosen}
+
+
+def aggregate(trials: Iterable[Trial], percents: Sequence[int], budget: float) -> list[ScopeResult]:
+    """Per scope, sorted: counts per kind and percent, and the smallest percent within ``budget``."""
+    if not 0.0 <= budget <= 1.0:
+        raise ValueError(f"budget {budget} is not a rate in [0, 1]")
+    scopes: dict[tuple[str, str], ScopeResult] = {}
+    for t in trials:
+        s = scopes.setdefault((t.task, t.contract), ScopeResult(t.task, t.contract))
+        cell = s.prefix if t.kind == "prefix" else s.shifted.setdefault(t.percent, Cell())
+        cell.n += 1
+        cell.regressions += t.regressed
+    for s in scopes.values():
+        s.chosen = next(
+            (
+                p
+                for p in sorted(percents)
+                if (c := s.shifted.get(p)) is not None and c.n and c.ci95[1] <= budget
+            ),
+            None,
+        )
+    return [scopes[k] for k in sorted(scopes)]
+
+
+def overlay_yaml(base: bytes, source: str, results: Sequence[ScopeResult], note: str) -> bytes:
+    """``base`` (a YAML policy) with the calibrated rules put first in ``quality.rules``.
+
+    The result is parsed as a policy before it is returned (:class:`PolicyError` otherwise); YAML
+    comments of the base are not kept (``note`` heads the file instead).
+    """
+    parse_policy(base, source)
+    data = yaml.safe_load(base.decode("utf-8"))
+    quality = dict(data.get("quality") or {})
+    mine = [r for s in results if (r := s.rule()) is not None]
+    scoped = {(r["task"], r["response_contract"]) for r in mine}
+    kept = [r for r in quality.get("rules", []) if (r.get("task"), r.get("response_contract")) not in scoped]
+    quality["rules"] = mine + kept
+    data["quality"] = quality
+    header = "".join(f"# {line}\n" for line in note.splitlines())
+    out = (header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)).encode("utf-8")
+    parse_policy(out, f"{source} (calibrated)")
+    return out
+
+
+def overlay_rego(text: str, source: str, results: Sequence[ScopeResult]) -> str:
+    """A Rego policy module with its ``quality_rules := [...]`` line (one line) holding the
+    calibrated rules first; :class:`PolicyError` when the module has no such line."""
+    lines = text.splitlines(keepends=True)
+    at = [i for i, line in enumerate(lines) if line.startswith("quality_rules := ")]
+    if len(at) != 1:
+        raise PolicyError(
+            "no single one-line `quality_rules := [...]` parameter to calibrate (found "
+            f"{len(at)}); the shipped policies/rego/default/policy.rego has one",
+            source=source,
+        )
+    current = lines[at[0]].removeprefix("quality_rules := ").strip()
+    try:
+        existing = json.loads(current)
+    except ValueError as e:
+        raise PolicyError(
+            f"quality_rules is not a JSON-style array on one line: {current[:80]}", source=source
+        ) from e
+    mine = [r for s in results if (r := s.rule()) is not None]
+    scoped = {(r["task"], r["response_contract"]) for r in mine}
+    kept = [r for r in existing if (r.get("task"), r.get("response_contract")) not in scoped]
+    lines[at[0]] = f"quality_rules := {json.dumps(mine + kept)}\n"
+    return "".join(lines)
+
+
+def table(results: Sequence[ScopeResult], percents: Sequence[int], budget: float) -> str:
+    """The terminal summary: per scope, prefix trials and shifted regressions per percent."""
+    head = " ".join(f"{f'{p}%':>16}" for p in sorted(percents))
+    out = [f"{'task':<22}{'contract':<16}{'prefix':>10} shifted regressions [95% interval] at {head}  rule"]
+    for s in results:
+        cells = []
+        for p in sorted(percents):
+            c = s.shifted.get(p)
+            if c is None or not c.n:
+                cells.append(f"{'-':>16}")
+            else:
+                lo, hi = c.ci95
+                cells.append(f"{f'{c.regressions}/{c.n} [{100 * lo:.0f}-{100 * hi:.0f}%]':>16}")
+        r = s.rule()
+        what = (
+            "none (no shifted trial)"
+            if r is None
+            else json.dumps({k: v for k, v in r.items() if k not in ("task", "response_contract")})
+        )
+        out.append(
+            f"{s.task:<22}{s.contract:<16}{f'{s.prefix.regressions}/{s.prefix.n}':>10} "
+            f"{' '.join(cells)}  {what}"
+        )
+    out.append(
+        f"budget: a percent is kept when its regression rate's 95% upper bound is <= {100 * budget:g}%"
+    )
+    return "\n".join(out)

@@ -1,0 +1,77 @@
+"""Policy rules shared by every policy language: namespace patterns and sharing rules, and
+compatible task groups. The YAML model uses them as sections; the Rego loader validates a Rego
+policy's ``namespace_sharing`` and ``compatible_task_groups`` constants with the same models, so
+both languages accept exactly the same rules."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+_SEGMENT = re.compile(r"[A-Za-z0-9_.:@-]+")  # NOTE: fullmatch: `$` would admit a trailing newline
+
+
+class StrictSection(BaseModel):
+    """A policy section: unknown keys, coercions and mutation are refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def well_formed_namespace(ns: str) -> bool:
+    """Segments of ``[A-Za-z0-9_.:@-]+`` joined by ``/``, none of them ``.`` or ``..``."""
+    return bool(ns) and all(s not in (".", "..") and _SEGMENT.fullmatch(s) for s in ns.split("/"))
+
+
+def _check_namespace_pattern(p: str) -> str:
+    """Exact namespace, or ``prefix/*`` for every namespace below ``prefix/``."""
+    body = p[:-2] if p.endswith("/*") else p
+    if not well_formed_namespace(body):
+        raise ValueError(
+            f"bad namespace pattern {p!r}: use an exact namespace like 'research/shared' "
+            "or a subtree like 'research/*' (segments of A-Z a-z 0-9 _ . : @ -; "
+            "no empty, '.', '..' or wildcard segments; '*' only as the whole last segment)"
+        )
+    return p
+
+
+def namespace_matches(pattern: str, namespace: str) -> bool:
+    """Whether a sharing-rule pattern covers ``namespace``; compared byte for byte, never normalised.
+
+    ``prefix/*`` covers every well-formed namespace strictly below ``prefix/``: one whose
+    segments all use the pattern alphabet and are not ``.`` or ``..`` (so ``research/../legal``
+    and ``research//x`` are not below ``research/``). Any other pattern covers itself only.
+    """
+    if pattern.endswith("/*"):
+        prefix = pattern[:-1]
+        return (
+            namespace.startswith(prefix) and len(namespace) > len(prefix) and well_formed_namespace(namespace)
+        )
+    return namespace == pattern
+
+
+class SharingRule(StrictSection):
+    """Donors in ``donor`` may serve recipients in any of ``recipients``."""
+
+    donor: str
+    recipients: list[str] = Field(min_length=1)
+
+    @field_validator("donor")
+    @classmethod
+    def _donor(cls, v: str) -> str:
+        return _check_namespace_pattern(v)
+
+    @field_validator("recipients")
+    @classmethod
+    def _recipients(cls, v: list[str]) -> list[str]:
+        return [_check_namespace_pattern(p) for p in v]
+
+
+class TaskSection(StrictSection):
+    # Groups of "id@version" that may share KV with each other. Exactly one "@": the text is
+    # split into an (id, version) pair and compared as a pair (a task id or version with "@" in
+    # it cannot be named here, and so is compatible with nothing but itself).
+    compatible_groups: list[list[Annotated[str, StringConstraints(pattern=r"^[^@\s]+@[^@\s]+$")]]] = Field(
+        default_factory=list
+    )

@@ -1,0 +1,315 @@
+"""Policy unit tests: Rego ``test_*`` rules and YAML case files, for ``semgov policy test``.
+
+Rego tests follow the ``opa test`` convention: every rule whose name starts with
+``test_`` in a ``*_test.rego`` module passes when it evaluates to ``true``.
+
+YAML case files (``*_test.yaml`` in the policy directory) are engine-agnostic:
+policy input documents and the decision expected for them::
+
+    base: {<a full policy input document>}      # optional
+    cases:
+      - name: another tenant is denied
+        patch: {facts: {donor: {tenant: globex}}}   # deep-merged into base
+        # or: input: {<a full document>}
+        expect: deny                               # allow | deny
+        gates: {tenant: fail, similarity: pass}    # optional: outcomes to check
+
+A whole case file is validated before any case runs (``semgov policy check`` does
+only that): each case's document strictly, as JSON types (``"0.9"`` is not a
+number, ``"true"`` not a boolean). A malformed case is a ``PolicyError`` naming
+``file:line`` and the field, never a decision.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from semgov._internal.yamlload import Path_, line_for, load_yaml_with_lines
+from semgov.errors import PolicyError
+from semgov.intake.limits import Limits
+from semgov.policy.checks import checked_result
+from semgov.policy.engine import PolicyEngine
+from semgov.policy.rego.loader import lint_ast, rego_files, syntax_diagnostic
+from semgov.wire.models import GATES
+from semgov.wire.policy_input import PolicyInput
+
+
+@dataclass(frozen=True)
+class TestOutcome:
+    name: str
+    location: str
+    status: str  # "PASS" | "FAIL" | "ERROR"
+    message: str
+    seconds: float
+
+
+# ---- Rego -----------------------------------------------------------------
+
+
+def discover_rego_tests(directory: Path) -> list[tuple[str, str, str]]:
+    """(package, rule, file) of every ``test_*`` rule in the ``*_test.rego`` modules."""
+    import regorus
+
+    _, tests = rego_files(directory)
+    found = []
+    for fname, text in tests.items():
+        eng = regorus.Engine()
+        path = str(directory / fname)
+        try:
+            eng.add_policy(path, text)
+        except Exception as e:  # noqa: BLE001
+            raise PolicyError(syntax_diagnostic(path, e).message, source=path) from e
+        [entry] = json.loads(eng.get_ast_as_json())
+        pkg, rules, _ = lint_ast(path, entry["ast"])
+        for rule in sorted(r for r in rules if r.startswith("test_")):
+            found.append((str(pkg), rule, path))
+    return found
+
+
+def run_rego_tests(
+    directory: Path, *, run: re.Pattern[str] | None = None, engine: str = "regorus"
+) -> list[TestOutcome]:
+    """Evaluate every Rego test rule (matching ``run`` on ``data.<pkg>.<rule>``)."""
+    modules, tests = rego_files(directory)
+    selected = [t for t in discover_rego_tests(directory) if run is None or run.search(f"data.{t[0]}.{t[1]}")]
+    if not selected:
+        return []
+    evaluate = _rego_evaluator(directory, {**modules, **tests}, engine)
+    out = []
+    for pkg, rule, path in selected:
+        name = f"data.{pkg}.{rule}"
+        t0 = time.perf_counter()
+        try:
+            value = evaluate(name)
+            status = "PASS" if value is True else "FAIL"
+            msg = (
+                ""
+                if value is True
+                else f"evaluated to {json.dumps(value)}"
+                if value is not None
+                else "undefined"
+            )
+        except Exception as e:  # noqa: BLE001
+            status, msg = "ERROR", str(e).split("Stack backtrace:")[0].strip().splitlines()[0]
+        out.append(TestOutcome(name, path, status, msg, time.perf_counter() - t0))
+    return out
+
+
+def _rego_evaluator(directory: Path, sources: dict[str, str], engine: str) -> Any:
+    if engine == "opa-inprocess":
+        from opa_bindings import OpaEngine
+
+        opa = OpaEngine()
+        for fname, text in sources.items():
+            opa.add_policy(str(directory / fname), text)
+
+        def ev_opa(ref: str) -> Any:
+            rows = opa.eval_query(f"x := {ref}")
+            return rows[0]["x"] if rows else None
+
+        return ev_opa
+    import regorus
+
+    eng = regorus.Engine()
+    for fname, text in sources.items():
+        eng.add_policy(str(directory / fname), text)
+
+    def ev_regorus(ref: str) -> Any:
+        return eng.eval_rule(ref)
+
+    return ev_regorus
+
+
+# ---- YAML case files ----------------------------------------------------
+
+CASE_KEYS = ("name", "input", "patch", "expect", "gates")
+GATE_RESULTS = ("pass", "fail", "error")
+
+
+@cache
+def _input_adapter() -> TypeAdapter[PolicyInput]:
+    return TypeAdapter(PolicyInput)
+
+
+def deep_merge(base: Any, patch: Any) -> Any:
+    """``patch`` over ``base``: mappings merge recursively, anything else replaces."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for k, v in patch.items():
+            out[k] = deep_merge(base.get(k), v) if k in base else v
+        return out
+    return patch
+
+
+def case_files(directory: Path) -> list[Path]:
+    return sorted(directory.rglob("*_test.yaml")) if directory.is_dir() else []
+
+
+@dataclass(frozen=True)
+class Case:
+    """One validated case: its policy input document and the expected outcomes."""
+
+    name: str
+    line: int
+    doc: PolicyInput
+    expect: str  # "allow" | "deny"
+    gates: dict[str, str]
+
+
+def _show(value: Any) -> str:
+    """A short rendering of a wrong value, for a message."""
+    if isinstance(value, dict | list):
+        return "a mapping" if isinstance(value, dict) else "a list"
+    r = repr(value)
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
+def _doc_error(
+    e: ValidationError, lines: dict[Path_, int], sources: list[Path_], case_line: int
+) -> tuple[str, str, int]:
+    """(field, message, line) of a document's first validation error; the line is that of the
+    deepest part of the field's path written in ``sources`` (the case's patch or input first, then
+    the base), else the case's."""
+    errors = e.errors(include_url=False)
+    err = errors[0]
+    loc = tuple(err["loc"])
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif err["type"] == "missing":
+        msg = "required key is missing"
+    elif not isinstance(err.get("input"), dict | list):
+        msg = f"{msg} (got {_show(err.get('input'))})"
+    if len(errors) > 1:
+        msg += f" [and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''}]"
+    best, line = 0, case_line
+    for prefix in sources:
+        for n in range(len(loc), best, -1):
+            hit = lines.get((*prefix, *loc[:n]))
+            if hit is not None:
+                best, line = n, hit
+                break
+    return ".".join(map(str, loc)), msg, line
+
+
+def load_case_file(path: Path, *, limits: Limits | None = None) -> list[Case]:
+    """Read and validate every case of a YAML case file; any problem is a ``PolicyError`` at ``file:line``.
+
+    Types are exact: each case's document is validated strictly as a policy input document
+    (no ``"0.9"`` for a number, no ``"true"`` for a boolean).
+    """
+    src = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise PolicyError(f"cannot read test file: {e}", source=src) from e
+    data, lines = load_yaml_with_lines(text, src, limits=limits)
+
+    def fail(msg: str, where: Path_, field: str | None = None) -> PolicyError:
+        return PolicyError(msg, source=src, line=line_for(lines, where) or 1, field=field)
+
+    shape = "a case file is a mapping with `cases` (a list) and optionally `base` (a mapping)"
+    if not isinstance(data, dict):
+        raise fail(shape, ())
+    for key in data:
+        if key not in ("base", "cases"):
+            raise fail(f"unknown key ({shape})", (key,), key)
+    if not isinstance(data.get("cases"), list):
+        raise fail(shape, ("cases",), "cases")
+    base = data.get("base", {})
+    if not isinstance(base, dict):
+        raise fail(f"must be a mapping (a policy input document), got {_show(base)}", ("base",), "base")
+    out = []
+    for i, case in enumerate(data["cases"]):
+        at: Path_ = ("cases", i)
+        here = f"cases.{i}"
+        if not isinstance(case, dict):
+            raise fail(f"a case is a mapping with keys {', '.join(CASE_KEYS)}, got {_show(case)}", at, here)
+        name = case.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise fail(
+                f"each case needs a `name` (a non-empty string), got {_show(name)}", at, here + ".name"
+            )
+        for key in case:
+            if key not in CASE_KEYS:
+                raise fail(
+                    f"case {name!r}: unknown key (keys: {', '.join(CASE_KEYS)})", (*at, key), f"{here}.{key}"
+                )
+        if "input" in case and "patch" in case:
+            raise fail(f"case {name!r}: give `input` or `patch`, not both", at, here)
+        for key in ("input", "patch"):
+            if key in case and not isinstance(case[key], dict):
+                raise fail(
+                    f"case {name!r}: must be a mapping, got {_show(case[key])}", (*at, key), f"{here}.{key}"
+                )
+        expect = case.get("expect")
+        if expect not in ("allow", "deny"):
+            raise fail(f"case {name!r}: `expect` must be allow or deny, got {_show(expect)}", (*at, "expect"),
+                       f"{here}.expect")  # fmt: skip
+        gates = case.get("gates", {})
+        if not isinstance(gates, dict):
+            raise fail(f"case {name!r}: must be a mapping of gate to outcome, got {_show(gates)}",
+                       (*at, "gates"), f"{here}.gates")  # fmt: skip
+        for gate, want in gates.items():
+            if gate not in GATES:
+                raise fail(f"case {name!r}: unknown gate (gates: {', '.join(GATES)})", (*at, "gates", gate),
+                           f"{here}.gates.{gate}")  # fmt: skip
+            if want not in GATE_RESULTS:
+                raise fail(f"case {name!r}: a gate outcome is pass, fail or error, got {_show(want)}",
+                           (*at, "gates", gate), f"{here}.gates.{gate}")  # fmt: skip
+        case_line = line_for(lines, at) or 1
+        if "input" in case:
+            raw, sources = case["input"], [(*at, "input")]
+        else:
+            raw, sources = deep_merge(base, case.get("patch", {})), [(*at, "patch"), ("base",)]
+        try:
+            doc = _input_adapter().validate_python(raw)
+        except ValidationError as e:
+            field, msg, line = _doc_error(e, lines, sources, case_line)
+            raise PolicyError(
+                f"case {name!r}: not a valid policy input document: {msg}", source=src, line=line, field=field
+            ) from e
+        out.append(Case(name, case_line, doc, expect, dict(gates)))
+    return out
+
+
+def run_case_file(
+    path: Path, engine: PolicyEngine, *, run: re.Pattern[str] | None = None
+) -> list[TestOutcome]:
+    """Run the cases of one YAML case file through ``engine`` (with semgov's fail-closed checks).
+
+    The whole file is validated first (:func:`load_case_file`), whatever ``run`` selects: a
+    malformed case is a ``PolicyError``, never a decision.
+    """
+    src = str(path)
+    out = []
+    for case in load_case_file(path):
+        if run is not None and not run.search(case.name):
+            continue
+        loc = f"{src}:{case.line}"
+        t0 = time.perf_counter()
+        try:
+            result = checked_result(engine.evaluate(case.doc), case.doc)
+        except Exception as e:  # noqa: BLE001
+            out.append(TestOutcome(case.name, loc, "ERROR", f"engine failed: {type(e).__name__}: {e}", 0.0))
+            continue
+        allow = all(g.result == "pass" for g in result.gates) and bool(result.approved_spans)
+        got: dict[str, str] = {g.gate: g.result for g in result.gates}
+        problems = []
+        if ("allow" if allow else "deny") != case.expect:
+            bad = [f"{g.gate} {g.result}: {g.detail}" for g in result.gates if g.result != "pass"]
+            problems.append(f"expected {case.expect}, got {'allow' if allow else 'deny'} ({'; '.join(bad)})")
+        for gate, want in case.gates.items():
+            if got.get(gate) != want:
+                problems.append(f"gate {gate}: expected {want}, got {got.get(gate, 'nothing')}")
+        status = "FAIL" if problems else "PASS"
+        out.append(TestOutcome(case.name, loc, status, "; ".join(problems), time.perf_counter() - t0))
+    return out

@@ -1,0 +1,186 @@
+"""semgov calibrate: regression rates with intervals per scope, and the policy overlay they write."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from semgov import CapturedRequest, Evaluator, Keyring, load_signing_key
+from semgov.cli.main import main
+from semgov.errors import PolicyError
+from semgov.policy.calibration import ScopeResult, Trial, aggregate, overlay_rego, overlay_yaml
+from semgov.policy.rego.engines import OpaInProcessEngine, RegorusEngine
+from semgov.policy.rego.loader import load_rego_policy
+from semgov.policy.yaml.model import load_policy, parse_policy
+from tests.conftest import DEFAULT_POLICY_DIR, ROOT
+
+EX = ROOT / "examples"
+REGO = ROOT / "policies" / "rego" / "default"
+
+
+def _trials(scope: tuple[str, str], kind: str, percent: int, n: int, bad: int) -> list[Trial]:
+    return [Trial(scope[0], scope[1], kind, percent, i < bad) for i in range(n)]  # type: ignore[arg-type]
+
+
+def test_the_smallest_percent_whose_upper_bound_fits_the_budget_is_kept() -> None:
+    """Per scope, percents are judged by the 95% upper bound: 0/20 (16%) fits 0.2, 1/20 (25%) does not."""
+    a, b = ("qa", "c1"), ("sum", "c2")
+    trials = [
+        *_trials(a, "shifted", 5, 20, 1),
+        *_trials(a, "shifted", 20, 20, 0),
+        *_trials(a, "shifted", 40, 20, 0),
+        *_trials(b, "shifted", 5, 20, 3),
+        *_trials(b, "shifted", 40, 20, 1),
+        *_trials(b, "prefix", 5, 7, 0),
+    ]
+    ra, rb = aggregate(trials, [5, 20, 40], 0.2)
+    assert (ra.task, ra.chosen, rb.task, rb.chosen) == ("qa", 20, "sum", None)
+    assert ra.rule() == {"task": "qa", "response_contract": "c1", "shifted_recompute_percent": 20}
+    assert rb.rule() == {"task": "sum", "response_contract": "c2", "allow_shifted": False}
+    assert rb.prefix.n == 7 and round(ra.shifted[20].ci95[1], 3) == 0.161
+    only_prefix = aggregate(_trials(a, "prefix", 5, 5, 0), [5], 0.2)[0]
+    assert only_prefix.rule() is None  # nothing shifted was measured: no rule, the policy decides
+    with pytest.raises(ValueError, match="budget"):
+        aggregate(trials, [5], 1.5)
+
+
+def _results() -> list[ScopeResult]:
+    return aggregate(
+        [
+            *_trials(("extract_financials", "financials"), "shifted", 20, 20, 5),
+            *_trials(("summarize_risks", "risk_summary"), "shifted", 20, 20, 0),
+        ],
+        [20],
+        0.2,
+    )
+
+
+def test_the_yaml_overlay_puts_calibrated_rules_first_and_keeps_the_rest() -> None:
+    """Calibrated rules come first; a base rule of another scope stays, one of the same scope is replaced."""
+    base = (DEFAULT_POLICY_DIR / "policy.yaml").read_text()
+    base = base.replace(
+        "  rules: []",
+        "  rules:\n"
+        "    - {task: extract_financials, response_contract: financials, shifted_recompute_percent: 9}\n"
+        "    - {task: qa, min_recompute_tokens: 64}",
+    )
+    out = overlay_yaml(base.encode(), "base.yaml", _results(), "calibrated\non a test")
+    assert out.startswith(b"# calibrated\n# on a test\n")
+    p = parse_policy(out, "x")
+    assert [r.model_dump(exclude_none=True) for r in p.quality.rules] == [
+        {"task": "extract_financials", "response_contract": "financials", "allow_shifted": False},
+        {"task": "summarize_risks", "response_contract": "risk_summary", "shifted_recompute_percent": 20},
+        {"task": "qa", "min_recompute_tokens": 64},
+    ]
+    assert p.name == "default" and p.tenant == load_policy(DEFAULT_POLICY_DIR).tenant
+    with pytest.raises(PolicyError):
+        overlay_yaml(b"name: [", "broken.yaml", _results(), "x")
+
+
+def test_the_rego_overlay_replaces_the_quality_rules_line_or_says_why_not() -> None:
+    """The one-line quality_rules parameter gets the rules; a module without it is a PolicyError naming it."""
+    text = (REGO / "policy.rego").read_text()
+    out = overlay_rego(text, "policy.rego", _results())
+    line = next(x for x in out.splitlines() if x.startswith("quality_rules := "))
+    assert json.loads(line.removeprefix("quality_rules := "))[0] == {
+        "task": "extract_financials",
+        "response_contract": "financials",
+        "allow_shifted": False,
+    }
+    assert out.replace(line, "quality_rules := []") == text
+    with pytest.raises(PolicyError, match="quality_rules") as e:
+        overlay_rego("package semgov.reuse\n", "mine.rego", _results())
+    assert e.value.source == "mine.rego"
+
+
+def _small_capture(tmp: Path, n: int) -> Path:
+    out = tmp / "captured.jsonl"
+    with gzip.open(EX / "captured.jsonl.gz", "rt") as f, out.open("w") as g:
+        for _, line in zip(range(n), f, strict=False):
+            g.write(line)
+    return out
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("calibrate")
+    cap = _small_capture(tmp, 300)
+    out = tmp / "out"
+    args = ["calibrate", str(cap), "--policy", str(DEFAULT_POLICY_DIR), "--trust", str(EX / "keyring.json")]
+    args += ["--out", str(out), "--rego", str(REGO), "--model", "tiny", "--sample", "2", "--percents", "5,50"]
+    assert main(args) == 0
+    return out, cap
+
+
+def test_calibrate_says_what_it_wrote(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The last line names the policy file and calibration.json where they are; the table heads the output."""
+    cap = _small_capture(tmp_path, 40)
+    out = tmp_path / "o"
+    args = ["calibrate", str(cap), "--policy", str(DEFAULT_POLICY_DIR), "--trust", str(EX / "keyring.json")]
+    assert main([*args, "--out", str(out), "--model", "tiny", "--sample", "1", "--percents", "20"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert (
+        lines[0].startswith("task ")
+        and lines[-1] == f"wrote {out / 'yaml' / 'policy.yaml'} and {out / 'calibration.json'}"
+    )
+    assert (out / "yaml" / "policy.yaml").is_file() and not (out / "rego").exists()
+
+
+def test_calibrate_writes_policies_that_policy_check_accepts(calibrated: tuple[Path, Path]) -> None:
+    """The command writes yaml/ and rego/ policies (policy check exits 0) and calibration.json's counts."""
+    out, _ = calibrated
+    assert main(["policy", "check", str(out / "yaml")]) == 0
+    assert main(["policy", "check", str(out / "rego")]) == 0
+    report = json.loads((out / "calibration.json").read_text())
+    assert report["requests"] == 300 and report["sampled"] > 0 and report["percents"] == [5, 50]
+    shifted = [s for s in report["scopes"] if s["shifted"]]
+    assert shifted and all(set(s["shifted"]) == {"5", "50"} for s in shifted)
+    for s in shifted:
+        assert s["rule"]["task"] == s["task"] and all(c["n"] >= 1 for c in s["shifted"].values())
+    rules = [r.model_dump(exclude_none=True) for r in load_policy(out / "yaml").quality.rules]
+    assert rules == [s["rule"] for s in report["scopes"] if s["rule"]]
+
+
+def test_the_calibrated_yaml_and_rego_decide_alike(calibrated: tuple[Path, Path]) -> None:
+    """Every candidate of the calibration's capture: the same decisions and plans from YAML, regorus, OPA."""
+    out, cap = calibrated
+    kr = Keyring.load(EX / "keyring.json")
+    sk = load_signing_key(EX / "keys" / "decision-signing-key.pem")
+    rego = load_rego_policy(out / "rego")
+    evs = (
+        Evaluator(load_policy(out / "yaml"), kr, sk),
+        Evaluator(rego, kr, sk, engine=RegorusEngine(rego)),
+        Evaluator(rego, kr, sk, engine=OpaInProcessEngine(rego)),
+    )
+    seen = 0
+    for line in cap.read_text().splitlines():
+        req = CapturedRequest.model_validate_json(line)
+        for docs in zip(*(ev.policy_inputs(req) for ev in evs), strict=True):
+            got = [ev.decide(doc) for ev, doc in zip(evs, docs, strict=True)]
+            keys = [([(g.gate, g.result) for g in r.gates], r.approved_spans) for r in got]
+            assert keys[0] == keys[1] == keys[2]
+            seen += 1
+    assert seen > 300
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "needle"),
+    [
+        ("--percents", "5,101", "0 to 100"),
+        ("--budget", "1.5", "from 0 to 1"),
+        ("--sample", "0", "at least 1"),
+    ],
+)
+def test_bad_calibration_arguments_are_usage_errors(
+    flag: str, value: str, needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Out-of-range percents, budget or sample size exit 2 with a message naming the flag."""
+    args = ["calibrate", "x.jsonl", "--policy", "p", "--trust", "k", "--out", "o", flag, value]
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert flag in err and needle in err

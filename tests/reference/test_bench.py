@@ -1,0 +1,188 @@
+"""`semgov bench` (engine_hooks.reference.bench): end to end on the tiny model, the CLI, the workload.
+
+The real-model run (`semgov bench --quick`) is the acceptance run, not a unit test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine_hooks.reference.bench import summary
+from engine_hooks.reference.bench_workload import (
+    COHORTS,
+    BenchKeys,
+    WorkloadBuilder,
+    expected,
+    numbers_in,
+    value_present,
+)
+from semgov import Evaluator
+from semgov.cli.main import main
+from semgov.stats import wilson
+from tests.conftest import DEFAULT_POLICY_DIR
+
+ARMS = ("exact_only", "similarity_only", "governed")
+ALLOW = {c for c in COHORTS if expected(c) == "allow"}
+
+
+@pytest.fixture(scope="module")
+def bench_out(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("bench")
+    argv = ["bench", "--quick", "--model", "tiny", "--out", str(out), "--prefix-tokens", "300"]
+    rc = main([*argv, "--max-new-tokens", "6", "--repeats", "1", "--threads", "1"])
+    results = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
+    return out, rc, results
+
+
+def test_bench_tiny_writes_results_with_required_keys(bench_out: tuple[Path, int, dict[str, Any]]) -> None:
+    """A tiny-model quick run exits 0 and results.json holds every arm's required figures per cohort."""
+    _, rc, results = bench_out
+    assert rc == 0
+    assert set(results["arms"]) == set(ARMS)
+    for arm in ARMS:
+        s = results["arms"][arm]
+        for key in (
+            "pairs",
+            "unsafe_materializations",
+            "quality_regressions",
+            "materialized_tokens",
+            "cohorts",
+        ):
+            assert key in s, (arm, key)
+        assert s["pairs"] == len(COHORTS)
+        assert set(s["cohorts"]) == set(COHORTS)
+        for c in s["cohorts"].values():
+            assert c["n"] == 1 and c["median_ttft_ratio"] > 0
+    for key in ("prefix_measurement", "governance_overhead", "noise_floor", "environment", "pairs"):
+        assert key in results
+    assert results["environment"]["model"].startswith("tiny-llama")
+    assert results["noise_floor"]["n"] == 2
+    assert results["tokenization_consistent"] is True
+
+
+def test_bench_governed_arm_is_safe_and_reuses_for_allow_cohorts(
+    bench_out: tuple[Path, int, dict[str, Any]],
+) -> None:
+    """Governed: no materialization for any deny-expected pair, engine-confirmed reuse for every allow one."""
+    _, _, results = bench_out
+    assert results["arms"]["governed"]["unsafe_materializations"] == 0
+    for row in results["pairs"]:
+        g = row["arms"]["governed"]
+        assert g["action"] == row["expect"], row["pair"]
+        if row["expect"] == "allow":
+            assert g["materialized_tokens"] > 0 and g["realization_events"] == 1, row["pair"]
+        else:
+            assert g["materialized_tokens"] == 0 and g["realization_events"] == 0, row["pair"]
+
+
+def test_bench_ungoverned_arms_reuse_for_deny_expected_pairs(
+    bench_out: tuple[Path, int, dict[str, Any]],
+) -> None:
+    """similarity_only copies KV into deny-expected pairs (e.g. a new response contract)."""
+    _, _, results = bench_out
+    sim = results["arms"]["similarity_only"]
+    assert sim["unsafe_materializations"] > 0
+    assert sim["cohorts"]["instruction"]["materialized_tokens"] > 0
+    assert sim["cohorts"]["unrelated"]["materialized_tokens"] == 0  # below the similarity minimum
+    assert results["arms"]["exact_only"]["cohorts"]["exact"]["materialized_tokens"] > 0
+
+
+def test_bench_writes_report_and_plots(bench_out: tuple[Path, int, dict[str, Any]]) -> None:
+    """report.md has the per-arm and per-cohort tables with n; both plots are PNG files."""
+    out, _, results = bench_out
+    report = (out / "report.md").read_text()
+    assert "## Per arm" in report and "## Per cohort, arms side by side" in report
+    assert "## Noise floor" in report and "## Governance overhead" in report
+    for c in COHORTS:
+        assert re.search(rf"^\| {c} \| (allow|deny) \| 1 \|", report, re.M), c
+    assert "(n=13)" in report
+    assert len((out / "pairs.jsonl").read_text().splitlines()) == len(COHORTS)
+    for name in ("ttft_by_cohort.png", "quality_by_arm.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert name in results["plots"]
+
+
+def test_regressions_carry_their_interval_in_results_report_and_summary(
+    bench_out: tuple[Path, int, dict[str, Any]],
+) -> None:
+    """Each cohort's regression count has its 95% Wilson interval in results.json, report and summary."""
+    out, _, results = bench_out
+    for arm in ARMS:
+        s = results["arms"][arm]
+        assert s["quality_regression_ci95"] == list(wilson(s["quality_regressions"], s["pairs"]))
+        for c in s["cohorts"].values():
+            lo, hi = c["quality_regression_ci95"]
+            assert 0 <= lo <= c["quality_regressions"] / c["n"] <= hi <= 1
+    report = (out / "report.md").read_text()
+    assert "| cohort | n | cold states the values | exact_only | similarity_only | governed |" in report
+    text = summary(results)
+    assert "quality regressions, 95% interval: similarity / governed" in text and "model limit: " in text
+
+
+def test_wilson_interval_is_the_textbook_one() -> None:
+    """Wilson 95%: 0 of 30 is at most 11.4%, 3 of 10 is 10.8-60.3%; n = 0 says nothing (0-100%)."""
+    assert [round(x, 3) for x in wilson(0, 30)] == [0.0, 0.114]
+    assert [round(x, 3) for x in wilson(3, 10)] == [0.108, 0.603]
+    assert wilson(0, 0) == (0.0, 1.0) and wilson(5, 5)[1] == 1.0
+
+
+def test_bench_help(capsys: pytest.CaptureFixture[str]) -> None:
+    """`semgov bench --help` documents the options."""
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for opt in ("--quick", "--out", "--tokens", "--pairs-per-cohort", "--model", "--threads"):
+        assert opt in out
+
+
+def test_bench_without_model_extras_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without torch the command exits 2 naming the model extra."""
+    real = importlib.import_module
+
+    def fake(name: str, package: str | None = None) -> Any:
+        if name == "engine_hooks.reference.bench":
+            raise ModuleNotFoundError("No module named 'torch'", name="torch")
+        return real(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", fake)
+    assert main(["bench", "--quick", "--out", str(tmp_path)]) == 2
+    assert "pip install -e '.[model]'" in capsys.readouterr().err
+
+
+_WORD = re.compile(r"<\|[a-z_]+\|>|\w+|[^\w\s]|\s+")
+
+
+def _toy_tokenize(text: str) -> list[int]:
+    """Words, punctuation, whitespace runs and ChatML markers to stable ids (concatenation-safe here)."""
+    return [
+        int.from_bytes(hashlib.sha256(p.encode()).digest()[:4], "big") % 49152 for p in _WORD.findall(text)
+    ]
+
+
+def test_workload_decisions_match_the_cohort_design() -> None:
+    """Every cohort's pair gets the decision its design expects from the default policy."""
+    keys = BenchKeys.generate()
+    builder = WorkloadBuilder(_toy_tokenize, 300, keys)
+    ev = Evaluator(__import__("semgov").load_policy(DEFAULT_POLICY_DIR), keys.keyring, keys.decision)
+    for pair in builder.pairs(2):
+        assert ev.evaluate(pair.request)[0].decision == pair.expect, pair.pair_id
+        assert pair.required and all(v in pair.recipient.text for v in pair.required)
+
+
+def test_value_present_compares_numbers() -> None:
+    """A required value counts when its number appears in the answer, thousands separators aside."""
+    assert numbers_in("$4,182.7 million, up 6.1%") == ["4182.7", "6.1"]
+    assert value_present("$4,182.7 million", "Revenue was 4182.7 million dollars.")
+    assert value_present("13%", "It was 13 percent.")
+    assert not value_present("$4,182.7 million", "Revenue was $4,182 million.")
+    assert not value_present("13%", "It was 113%.")
