@@ -7,11 +7,12 @@ import sys
 from collections.abc import Sequence
 
 from semgov import __version__, log
-from semgov.cli import audit, bench, calibrate, check, keys, policy, schema, verify
+from semgov.cli import audit, bench, calibrate, check, diff, keys, policy, schema, verify
 from semgov.errors import SemgovError
 
 EPILOG = """\
-exit status: 0 success; 1 decisions differ from expectations or a signature failed;
+exit status: 0 success; 1 decisions differ from expectations (check), a policy change
+flips decisions (diff) or a signature failed;
 2 bad input (malformed lines, unreadable files, invalid policy or usage);
 3 `audit verify` without a key (UNVERIFIED: pass --pubkey, --keyring or --structure-only).
 Docs: README.md, docs/policy.md, docs/rego.md, docs/formats.md."""
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     check.register(sub)
+    diff.register(sub)
     audit.register(sub)
     policy.register(sub)
     keys.register(sub)

@@ -9,7 +9,9 @@ from typing import Any
 
 from semgov.cli.check import add_limit_flags, limits_from_args
 from semgov.errors import PolicyError
+from semgov.intake.limits import Limits
 from semgov.policy.rego.loader import RegoPolicy, lint, rego_files
+from semgov.policy.rollout import replacement
 from semgov.policy.source import load_policy_source, make_engine
 from semgov.policy.testing import TestOutcome, case_files, run_case_file, run_rego_tests
 from semgov.policy.yaml.model import POLICY_FILE, load_policy
@@ -35,9 +37,18 @@ def register(sub: Any) -> None:
         help="lint a policy directory",
         description="Lint a policy directory: YAML (syntax, unknown keys, types, values) or Rego "
         "(syntax, package semgov.reuse, required rules, forbidden non-deterministic builtins), "
-        "and the structure of its *_test.yaml case files. Prints file:line diagnostics; exit 1 on any.",
+        "and the structure of its *_test.yaml case files. Prints file:line diagnostics; exit 1 on any. "
+        "With --replaces OLD, also warns (exit 0) when the policy does not accept donors produced "
+        "under OLD's name@version.",
     )
     c.add_argument("directory", type=Path, metavar="DIR")
+    c.add_argument(
+        "--replaces",
+        type=Path,
+        metavar="OLD",
+        help="the policy directory DIR replaces: warn when DIR does not accept donors produced under "
+        "OLD's name@version (they would all be denied until they expire)",
+    )
     add_limit_flags(c, ("max_policy_bytes",))
     c.set_defaults(func=run_check)
     t = ps.add_parser(
@@ -77,11 +88,22 @@ def run_check(args: argparse.Namespace) -> int:
                 run_case_file(f, engine, run=re.compile(r"(?!)"))  # structure only, runs nothing
         except PolicyError as e:
             problems.append(e.diagnostic())
+    warnings = _rollout_warnings(args, limits) if not problems and args.replaces is not None else []
     for line in problems:
         print(line)
+    for line in warnings:
+        print(f"{d}: warning: {line}")
     kind = "Rego" if modules else "YAML"
-    print(f"{d}: {kind} policy, {len(problems)} problem(s)")
+    print(f"{d}: {kind} policy, {len(problems)} problem(s), {len(warnings)} warning(s)")
     return 1 if problems else 0
+
+
+def _rollout_warnings(args: argparse.Namespace, limits: Limits) -> list[str]:
+    """What replacing ``--replaces`` by the checked policy does to live donors (docs/policy.md)."""
+    new = load_policy_source(args.directory, limits=limits)
+    old = load_policy_source(args.replaces, limits=limits)
+    warning = replacement(old, new, make_engine(new)).warning()
+    return [warning] if warning is not None else []
 
 
 def run_test(args: argparse.Namespace) -> int:

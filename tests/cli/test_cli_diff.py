@@ -1,0 +1,170 @@
+"""``semgov diff`` end to end on the shipped example: counts held to an independent comparison."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from semgov.cli.main import main
+from tests.conftest import ASSETS, DEFAULT_POLICY_DIR, ROOT
+
+EXAMPLE = ROOT / "examples" / "captured.jsonl.gz"
+TRUST = str(ROOT / "examples" / "keyring.json")
+KEY = str(ROOT / "examples" / "keys" / "decision-signing-key.pem")
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first 150 requests of the shipped example workload."""
+    with gzip.open(EXAMPLE, "rt") as f:
+        lines = [next(f) for _ in range(150)]
+    p = tmp_path_factory.mktemp("diff") / "captured.jsonl"
+    p.write_text("".join(lines))
+    return p
+
+
+@pytest.fixture(scope="module")
+def strict(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default policy with shifted spans forbidden and a higher similarity bar."""
+    d = tmp_path_factory.mktemp("strict")
+    text = (DEFAULT_POLICY_DIR / "policy.yaml").read_text()
+    text = text.replace("  allow_shifted: true", "  allow_shifted: false").replace("  min: 0.6", "  min: 0.7")
+    (d / "policy.yaml").write_text(text)
+    return d
+
+
+def _decisions(
+    captured: Path, policy: Path, tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> dict[tuple[str, str], dict[str, Any]]:
+    out = tmp / f"{policy.name}.jsonl"
+    main(
+        [
+            "check",
+            str(captured),
+            "--policy",
+            str(policy),
+            "--trust",
+            TRUST,
+            "--signing-key",
+            KEY,
+            "--out",
+            str(out),
+        ]
+    )
+    capsys.readouterr()
+    return {(r["request_id"], r["donor_id"]): r for r in map(json.loads, out.read_text().splitlines())}
+
+
+def test_same_policy_twice_changes_nothing_and_exits_zero(
+    captured: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Diffing a policy against itself reports 0 flips and exits 0."""
+    rc = main(
+        [
+            "diff",
+            str(captured),
+            "--policy",
+            str(DEFAULT_POLICY_DIR),
+            "--policy",
+            str(DEFAULT_POLICY_DIR),
+            "--trust",
+            TRUST,
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "flipped 0 decision(s)" in out and "approved spans changed (both allow) 0" in out
+
+
+def test_diff_json_equals_an_independent_comparison_of_two_checks(
+    captured: Path, strict: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each flip and span change diff reports is what comparing two `semgov check` runs finds; exit 1."""
+    a = _decisions(captured, DEFAULT_POLICY_DIR, tmp_path, capsys)
+    b = _decisions(captured, strict, tmp_path, capsys)
+    assert a.keys() == b.keys()
+    want = {
+        k: ("allow->deny" if a[k]["decision"] == "allow" else "deny->allow")
+        if a[k]["decision"] != b[k]["decision"]
+        else "spans"
+        for k in a
+        if a[k]["decision"] != b[k]["decision"]
+        or (a[k]["decision"] == "allow" and a[k]["approved_spans"] != b[k]["approved_spans"])
+    }
+    assert want, "the stricter policy must change something on this traffic"
+    rc = main(
+        [
+            "diff",
+            str(captured),
+            "--policy",
+            str(DEFAULT_POLICY_DIR),
+            "--policy",
+            str(strict),
+            "--trust",
+            TRUST,
+            "--format",
+            "json",
+        ]
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    got = {(c["request_id"], c["donor_id"]): c["kind"] for c in doc["changes"] if c["kind"] != "reasons"}
+    assert got == want
+    s = doc["summary"]
+    assert s["decisions_compared"] == len(a) and s["flipped"] == sum(v != "spans" for v in want.values())
+    assert s["allow"] == {
+        "a": sum(r["decision"] == "allow" for r in a.values()),
+        "b": sum(r["decision"] == "allow" for r in b.values()),
+    }
+    tokens_a = sum(a[k]["approved_tokens"] for k in want)
+    assert sum(r["approved_tokens"]["a"] for r in doc["by"]["tenant"].values()) == tokens_a
+    assert doc["policies"]["b"]["path"] == str(strict) and doc["schema"] == "semgov.policy_diff/v1"
+
+
+def test_table_and_jsonl_agree_with_json(
+    captured: Path, strict: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The table's summary line and the jsonl lines carry the same counts as the json document."""
+    args = [
+        "diff",
+        str(captured),
+        "--policy",
+        str(DEFAULT_POLICY_DIR),
+        "--policy",
+        str(strict),
+        "--trust",
+        TRUST,
+    ]
+    main([*args, "--format", "json"])
+    doc = json.loads(capsys.readouterr().out)
+    s = doc["summary"]
+    assert main([*args, "--show", "3"]) == 1
+    table = capsys.readouterr().out
+    assert (
+        f"flipped {s['flipped']} decision(s): allow->deny {s['allow->deny']}, deny->allow {s['deny->allow']}"
+        in table
+    )
+    assert "by gate (every gate whose result changed):" in table and "by tenant:" in table
+    assert main([*args, "--format", "jsonl"]) == 1
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert lines == doc["changes"]
+
+
+def test_bad_usage_and_malformed_lines_exit_two(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One --policy is a usage error naming the fix; a malformed line is counted, skipped, exit 2."""
+    small = ASSETS / "captured-small.jsonl"
+    assert (
+        main(
+            ["diff", str(small), "--policy", str(DEFAULT_POLICY_DIR), "--trust", str(ASSETS / "keyring.json")]
+        )
+        == 2
+    )
+    assert "give --policy exactly twice" in capsys.readouterr().err
+    twice = ["--policy", str(DEFAULT_POLICY_DIR)] * 2
+    assert main(["diff", str(small), *twice, "--trust", str(ASSETS / "keyring.json")]) == 2
+    out, err = capsys.readouterr()
+    assert f"{small}:2: skipped malformed request" in err and "requests 3 (1 malformed)" in out
