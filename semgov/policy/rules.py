@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 _SEGMENT = re.compile(r"[A-Za-z0-9_.:@-]+")  # NOTE: fullmatch: `$` would admit a trailing newline
 
@@ -75,3 +75,33 @@ class TaskSection(StrictSection):
     compatible_groups: list[list[Annotated[str, StringConstraints(pattern=r"^[^@\s]+@[^@\s]+$")]]] = Field(
         default_factory=list
     )
+
+
+class RequestScope(StrictSection):
+    """Which requests a scoped rule covers: every key given must match the request (an omitted
+    key matches any); at least one key. ``task`` is ``"id@version"`` with exactly one ``@``,
+    compared as a pair; ``namespace`` is an exact namespace or ``prefix/*`` (as in sharing rules).
+    """
+
+    tenant: Annotated[str, StringConstraints(min_length=1)] | None = None
+    namespace: str | None = None
+    task: Annotated[str, StringConstraints(pattern=r"^[^@\s]+@[^@\s]+$")] | None = None
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, v: str | None) -> str | None:
+        return None if v is None else _check_namespace_pattern(v)
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> RequestScope:
+        if self.tenant is None and self.namespace is None and self.task is None:
+            raise ValueError("a scope names at least one of tenant, namespace, task")
+        return self
+
+    def matches(self, tenant: str, namespace: str, task_id: str, task_version: str) -> bool:
+        """Whether a request with these identities is in scope (byte for byte, never normalised)."""
+        if self.tenant is not None and self.tenant != tenant:
+            return False
+        if self.namespace is not None and not namespace_matches(self.namespace, namespace):
+            return False
+        return self.task is None or self.task.split("@") == [task_id, task_version]

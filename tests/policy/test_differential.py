@@ -277,3 +277,116 @@ def test_a_blank_fact_error_still_names_a_reason_in_every_engine() -> None:
     for ev in evaluators():
         [g] = [g for g in ev.decide(doc).gates if g.gate == "pii"]
         assert g.result == "error" and g.detail.strip(), g
+
+
+# ---- scoped rules: public donors for some requests only -------------------------------------
+
+SCOPES = [
+    {"task": "summarize_risks@1"},
+    {"tenant": "globex", "namespace": "research/*"},
+    {"tenant": "acme", "namespace": "legal/contracts", "task": "extract_financials@2"},
+]
+
+
+@pytest.fixture(scope="module")
+def scoped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Evaluator, ...]:
+    """The default policies, YAML and Rego, with the same tenant.public_donors_for scopes."""
+    import json
+
+    d = tmp_path_factory.mktemp("scoped")
+    (d / "yaml").mkdir()
+    text = (DEFAULT_POLICY_DIR / "policy.yaml").read_text()
+    text = text.replace(
+        "  allow_public_donors: false\n",
+        f"  allow_public_donors: false\n  public_donors_for: {json.dumps(SCOPES)}\n",
+    )
+    (d / "yaml" / "policy.yaml").write_text(text)
+    (d / "rego").mkdir()
+    rego = (
+        (REGO_DIR / "policy.rego")
+        .read_text()
+        .replace("public_donors_for := []", f"public_donors_for := {json.dumps(SCOPES)}")
+    )
+    (d / "rego" / "policy.rego").write_text(rego)
+    yaml_pol, rego_pol = load_policy(d / "yaml"), load_rego_policy(d / "rego")
+    assert yaml_pol.tenant.public_donors_for and rego_pol.revision != load_rego_policy(REGO_DIR).revision
+    kr = Keyring.load(EX / "keyring.json")
+    sk = load_signing_key(EX / "keys" / "decision-signing-key.pem")
+    return (
+        Evaluator(yaml_pol, kr, sk),
+        Evaluator(rego_pol, kr, sk, engine=RegorusEngine(rego_pol)),
+        Evaluator(rego_pol, kr, sk, engine=OpaInProcessEngine(rego_pol)),
+    )
+
+
+def test_public_donors_for_scopes_agree_in_every_engine(scoped: tuple[Evaluator, ...]) -> None:
+    """Public donors of other tenants, requests in and out of each scope: YAML, regorus and OPA agree."""
+    adapter = TypeAdapter(PolicyInput)
+    rng = random.Random(20261202)
+    tenant_results: Counter[str] = Counter()
+    for _ in range(1500):
+        raw = random_doc(rng)
+        raw["request"]["tenant"] = rng.choice(["acme", "globex", "Globex"])
+        raw["request"]["namespace"] = rng.choice(
+            ["research/e1", "research", "legal/contracts", "research/../x"]
+        )
+        task = rng.choice(
+            [
+                ("summarize_risks", "1"),
+                ("summarize_risks", "2"),
+                ("extract_financials", "2"),
+                ("summarize_risks@1", ""),
+            ]
+        )
+        raw["request"]["task"] = {"id": task[0], "version": task[1] or "1"}
+        if raw["facts"]["donor"] is not None:
+            raw["facts"]["donor"] |= {
+                "tenant": rng.choice(["initech", "acme"]),
+                "visibility": rng.choice(["public", "public", "tenant"]),
+            }
+        doc = adapter.validate_python(raw)
+        out = [summary(ev.decide(doc)) for ev in scoped]
+        assert out[0] == out[1] == out[2], f"engines differ on {doc}:\n{out}"
+        tenant = dict(out[0][1])["tenant"]
+        tenant_results[tenant] += 1
+    assert tenant_results["pass"] > 300 and tenant_results["fail"] > 300, tenant_results
+
+
+def test_public_donors_for_rejects_empty_and_malformed_scopes(tmp_path: Any) -> None:
+    """An empty scope, a task without one '@', a bad pattern or an unknown key fails to load in both."""
+    from semgov.errors import PolicyError
+
+    for bad in (
+        {},
+        {"task": "summarize_risks"},
+        {"task": "a@b@c"},
+        {"namespace": "research/*/x"},
+        {"role": "x"},
+    ):
+        y = tmp_path / f"y{len(list(tmp_path.iterdir()))}"
+        y.mkdir()
+        text = (DEFAULT_POLICY_DIR / "policy.yaml").read_text()
+        (y / "policy.yaml").write_text(
+            text.replace(
+                "  allow_public_donors: false\n",
+                f"  allow_public_donors: false\n  public_donors_for: [{json_of(bad)}]\n",
+            )
+        )
+        with pytest.raises(PolicyError, match="public_donors_for"):
+            load_policy(y)
+        r = tmp_path / f"r{len(list(tmp_path.iterdir()))}"
+        r.mkdir()
+        rego = (
+            (REGO_DIR / "policy.rego")
+            .read_text()
+            .replace("public_donors_for := []", f"public_donors_for := [{json_of(bad)}]")
+        )
+        (r / "policy.rego").write_text(rego)
+        with pytest.raises(PolicyError, match="public_donors_for"):
+            load_rego_policy(r)
+
+
+def json_of(v: Any) -> str:
+    import json
+
+    return json.dumps(v)

@@ -253,6 +253,20 @@ def test_public_donor_allowed_when_policy_says_so(keys: Keys, pii_scanner: Any) 
     assert failed(priv) == ["tenant", "token_verification"]  # private: not even compared
 
 
+def test_public_donors_for_allows_only_requests_in_scope(keys: Keys, pii_scanner: Any) -> None:
+    """A public donor of another tenant passes for a request in a public_donors_for scope, and only then."""
+
+    def tenant_gate(scope: str) -> dict[str, Any]:
+        pol = policy_with(f"tenant: {{allow_public_donors: false, public_donors_for: [{scope}]}}")
+        ev = Evaluator(pol, keys.keyring, keys.decision, pii_scanner=pii_scanner)
+        return gate(decide(ev, request([candidate(keys, tenant="globex", visibility="public")])), "tenant")
+
+    inside = tenant_gate("{task: extract_financials@1, tenant: acme}")
+    assert inside["result"] == "pass" and "tenant.public_donors_for[0]" in inside["detail"]
+    assert tenant_gate("{task: summarize_risks@1}")["result"] == "fail"
+    assert tenant_gate("{tenant: globex}")["result"] == "fail"  # NOTE: the request's tenant, not the donor's
+
+
 def test_namespace_sharing_rule(keys: Keys, pii_scanner: Any) -> None:
     """An explicit sharing rule admits a donor namespace for matching recipients only."""
     ev = Evaluator(

@@ -22,6 +22,11 @@ accepted_policy_versions := []
 # tenant: donors marked `visibility: public` may serve other tenants.
 allow_public_donors := false
 
+# tenant: public donors from other tenants for these requests only, each
+# {"tenant": "...", "namespace": "<namespace or prefix/*>", "task": "id@version"}: every key
+# given must match the request, at least one key (semgov checks the form at load).
+public_donors_for := []
+
 # namespace: explicit cross-namespace sharing rules, each
 # {"donor": "<namespace or prefix/*>", "recipients": ["<namespace or prefix/*>", ...]}.
 namespace_sharing := []
@@ -130,6 +135,28 @@ tenant_ok if {
 	donor.visibility == "public"
 	allow_public_donors == true
 }
+
+tenant_ok if {
+	donor.visibility == "public"
+	some scope in public_donors_for
+	request_in_scope(scope)
+}
+
+# A scope's keys all match the request; an omitted key matches any. The task is compared as an
+# (id, version) pair, never as one string.
+request_in_scope(scope) if {
+	object.get(scope, "tenant", input.request.tenant) == input.request.tenant
+	scope_namespace_ok(scope)
+	scope_task_ok(scope)
+}
+
+scope_namespace_ok(scope) if not "namespace" in object.keys(scope)
+
+scope_namespace_ok(scope) if namespace_matches(scope.namespace, input.request.namespace)
+
+scope_task_ok(scope) if not "task" in object.keys(scope)
+
+scope_task_ok(scope) if split(scope.task, "@") == [input.request.task.id, input.request.task.version]
 
 deny contains {"gate": "tenant", "detail": detail} if {
 	donor_known

@@ -33,7 +33,7 @@ from semgov.errors import PolicyError
 from semgov.facts.config import DEFAULT_FORBIDDEN_PII, FactConfig
 from semgov.facts.pii import DEFAULT_PHONE_REGIONS
 from semgov.intake.limits import Limits, resolve
-from semgov.policy.rules import SharingRule, TaskSection
+from semgov.policy.rules import RequestScope, SharingRule, TaskSection
 
 PACKAGE = "semgov.reuse"
 REQUIRED_RULES = ("metadata", "deny", "allow", "approved_spans")
@@ -307,6 +307,8 @@ def load_rego_policy(directory: Path, *, limits: Limits | None = None) -> RegoPo
         ) from e
     if _defines(eng, "namespace_sharing"):
         _check_sharing(_constant(eng, "namespace_sharing", str(directory)), str(directory))
+    if _defines(eng, "public_donors_for"):
+        _check_scopes(_constant(eng, "public_donors_for", str(directory)), str(directory))
     if _defines(eng, "compatible_task_groups"):
         _check_task_groups(_constant(eng, "compatible_task_groups", str(directory)), str(directory))
     config = FactConfig(
@@ -331,6 +333,22 @@ def _check_sharing(raw: Any, source: str) -> None:
             where = ".".join(map(str, err["loc"]))
             msg = str(err["msg"]).removeprefix("Value error, ")
             raise PolicyError(f"`namespace_sharing[{i}]`: {msg}", source=source, field=where or None) from e
+
+
+def _check_scopes(raw: Any, source: str) -> None:
+    """``public_donors_for``, when a policy defines it, holds scopes of the YAML rules' form."""
+    if not isinstance(raw, list):
+        raise PolicyError(
+            "`public_donors_for` must be a constant list of {tenant, namespace, task}", source=source
+        )
+    for i, scope in enumerate(raw):
+        try:
+            RequestScope.model_validate(scope)
+        except ValidationError as e:
+            err = e.errors(include_url=False)[0]
+            where = ".".join(map(str, err["loc"]))
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            raise PolicyError(f"`public_donors_for[{i}]`: {msg}", source=source, field=where or None) from e
 
 
 def _check_task_groups(raw: Any, source: str) -> None:

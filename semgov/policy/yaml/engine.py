@@ -37,6 +37,10 @@ def gate_tenant(p: Policy, doc: PolicyInput) -> Outcome:
     if d.visibility == "public":
         if p.tenant.allow_public_donors:
             return True, "public donor from another tenant, allowed by policy"
+        r = doc.request
+        for i, scope in enumerate(p.tenant.public_donors_for):
+            if scope.matches(r.tenant, r.namespace, r.task.id, r.task.version):
+                return True, f"public donor from another tenant, allowed by tenant.public_donors_for[{i}]"
         return False, "public donor from another tenant; policy does not allow public donors"
     return False, "donor belongs to another tenant"
 

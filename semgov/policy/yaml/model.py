@@ -31,7 +31,7 @@ from semgov.errors import PolicyError
 from semgov.facts.config import DEFAULT_FORBIDDEN_PII, FactConfig
 from semgov.facts.pii import DEFAULT_PHONE_REGIONS
 from semgov.intake.limits import Limits, resolve
-from semgov.policy.rules import SharingRule, TaskSection
+from semgov.policy.rules import RequestScope, SharingRule, TaskSection
 from semgov.policy.rules import StrictSection as _Section
 from semgov.wire.models import Role
 
@@ -45,6 +45,8 @@ Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,128}$")]
 
 class TenantSection(_Section):
     allow_public_donors: bool = False
+    # Public donors from other tenants for these requests only (when allow_public_donors is false).
+    public_donors_for: list[RequestScope] = Field(default_factory=list)
 
 
 class NamespaceSection(_Section):
