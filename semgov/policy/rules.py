@@ -51,32 +51,6 @@ def namespace_matches(pattern: str, namespace: str) -> bool:
     return namespace == pattern
 
 
-class SharingRule(StrictSection):
-    """Donors in ``donor`` may serve recipients in any of ``recipients``."""
-
-    donor: str
-    recipients: list[str] = Field(min_length=1)
-
-    @field_validator("donor")
-    @classmethod
-    def _donor(cls, v: str) -> str:
-        return _check_namespace_pattern(v)
-
-    @field_validator("recipients")
-    @classmethod
-    def _recipients(cls, v: list[str]) -> list[str]:
-        return [_check_namespace_pattern(p) for p in v]
-
-
-class TaskSection(StrictSection):
-    # Groups of "id@version" that may share KV with each other. Exactly one "@": the text is
-    # split into an (id, version) pair and compared as a pair (a task id or version with "@" in
-    # it cannot be named here, and so is compatible with nothing but itself).
-    compatible_groups: list[list[Annotated[str, StringConstraints(pattern=r"^[^@\s]+@[^@\s]+$")]]] = Field(
-        default_factory=list
-    )
-
-
 class RequestScope(StrictSection):
     """Which requests a scoped rule covers: every key given must match the request (an omitted
     key matches any); at least one key. ``task`` is ``"id@version"`` with exactly one ``@``,
@@ -105,3 +79,32 @@ class RequestScope(StrictSection):
         if self.namespace is not None and not namespace_matches(self.namespace, namespace):
             return False
         return self.task is None or self.task.split("@") == [task_id, task_version]
+
+
+class SharingRule(StrictSection):
+    """Donors in ``donor`` may serve recipients in any of ``recipients`` (with ``scope``: only
+    requests in that scope)."""
+
+    donor: str
+    recipients: list[str] = Field(min_length=1)
+    # Only for requests in this scope (tenant, namespace, task); every request when omitted.
+    scope: RequestScope | None = None
+
+    @field_validator("donor")
+    @classmethod
+    def _donor(cls, v: str) -> str:
+        return _check_namespace_pattern(v)
+
+    @field_validator("recipients")
+    @classmethod
+    def _recipients(cls, v: list[str]) -> list[str]:
+        return [_check_namespace_pattern(p) for p in v]
+
+
+class TaskSection(StrictSection):
+    # Groups of "id@version" that may share KV with each other. Exactly one "@": the text is
+    # split into an (id, version) pair and compared as a pair (a task id or version with "@" in
+    # it cannot be named here, and so is compatible with nothing but itself).
+    compatible_groups: list[list[Annotated[str, StringConstraints(pattern=r"^[^@\s]+@[^@\s]+$")]]] = Field(
+        default_factory=list
+    )

@@ -286,11 +286,21 @@ SCOPES = [
     {"tenant": "globex", "namespace": "research/*"},
     {"tenant": "acme", "namespace": "legal/contracts", "task": "extract_financials@2"},
 ]
+SHARING = [
+    {"donor": "research/*", "recipients": ["research/*"], "scope": {"task": "summarize_risks@1"}},
+    {"donor": "research/e2", "recipients": ["legal/contracts"], "scope": {"tenant": "globex"}},
+    {"donor": "research/e1/x", "recipients": ["research/e1"]},
+]
+SHARING = [
+    {"donor": "research/*", "recipients": ["research/*"], "scope": {"task": "summarize_risks@1"}},
+    {"donor": "research/e2", "recipients": ["legal/contracts"], "scope": {"tenant": "globex"}},
+    {"donor": "research/e1/x", "recipients": ["research/e1"]},
+]
 
 
 @pytest.fixture(scope="module")
 def scoped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Evaluator, ...]:
-    """The default policies, YAML and Rego, with the same tenant.public_donors_for scopes."""
+    """The default policies, YAML and Rego, with the same public_donors_for scopes and scoped sharing."""
     import json
 
     d = tmp_path_factory.mktemp("scoped")
@@ -299,17 +309,19 @@ def scoped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Evaluator, ...]:
     text = text.replace(
         "  allow_public_donors: false\n",
         f"  allow_public_donors: false\n  public_donors_for: {json.dumps(SCOPES)}\n",
-    )
+    ).replace("  sharing: []", f"  sharing: {json.dumps(SHARING)}")
     (d / "yaml" / "policy.yaml").write_text(text)
     (d / "rego").mkdir()
     rego = (
         (REGO_DIR / "policy.rego")
         .read_text()
         .replace("public_donors_for := []", f"public_donors_for := {json.dumps(SCOPES)}")
+        .replace("namespace_sharing := []", f"namespace_sharing := {json.dumps(SHARING)}")
     )
     (d / "rego" / "policy.rego").write_text(rego)
     yaml_pol, rego_pol = load_policy(d / "yaml"), load_rego_policy(d / "rego")
-    assert yaml_pol.tenant.public_donors_for and rego_pol.revision != load_rego_policy(REGO_DIR).revision
+    assert yaml_pol.tenant.public_donors_for and yaml_pol.namespace.sharing[0].scope is not None
+    assert rego_pol.revision != load_rego_policy(REGO_DIR).revision
     kr = Keyring.load(EX / "keyring.json")
     sk = load_signing_key(EX / "keys" / "decision-signing-key.pem")
     return (
@@ -320,10 +332,11 @@ def scoped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Evaluator, ...]:
 
 
 def test_public_donors_for_scopes_agree_in_every_engine(scoped: tuple[Evaluator, ...]) -> None:
-    """Public donors of other tenants, requests in and out of each scope: YAML, regorus and OPA agree."""
+    """Public donors and shared namespaces, requests in and out of each scope: YAML, regorus, OPA agree."""
     adapter = TypeAdapter(PolicyInput)
     rng = random.Random(20261202)
     tenant_results: Counter[str] = Counter()
+    shared: Counter[str] = Counter()
     for _ in range(1500):
         raw = random_doc(rng)
         raw["request"]["tenant"] = rng.choice(["acme", "globex", "Globex"])
@@ -343,13 +356,18 @@ def test_public_donors_for_scopes_agree_in_every_engine(scoped: tuple[Evaluator,
             raw["facts"]["donor"] |= {
                 "tenant": rng.choice(["initech", "acme"]),
                 "visibility": rng.choice(["public", "public", "tenant"]),
+                "namespace": rng.choice(["research/e1", "research/e2", "research/e1/x", "legal/x"]),
             }
         doc = adapter.validate_python(raw)
         out = [summary(ev.decide(doc)) for ev in scoped]
         assert out[0] == out[1] == out[2], f"engines differ on {doc}:\n{out}"
-        tenant = dict(out[0][1])["tenant"]
-        tenant_results[tenant] += 1
+        gates = dict(out[0][1])
+        tenant_results[gates["tenant"]] += 1
+        d = doc.facts.donor
+        if d is not None and d.namespace != doc.request.namespace:
+            shared[gates["namespace"]] += 1  # NOTE: only a sharing rule can pass these
     assert tenant_results["pass"] > 300 and tenant_results["fail"] > 300, tenant_results
+    assert shared["pass"] > 100 and shared["fail"] > 300, shared
 
 
 def test_public_donors_for_rejects_empty_and_malformed_scopes(tmp_path: Any) -> None:

@@ -284,6 +284,29 @@ def test_namespace_sharing_rule(keys: Keys, pii_scanner: Any) -> None:
     assert gate(bare, "namespace")["result"] == "fail"
 
 
+def test_scoped_sharing_rule_covers_only_requests_in_its_scope(keys: Keys, pii_scanner: Any) -> None:
+    """A scoped sharing rule admits the donor namespace for requests in its scope only; a bad scope fails."""
+    from semgov.errors import PolicyError
+
+    def namespace_gate(scope: str) -> str:
+        rule = f"{{donor: 'research/common', recipients: ['research/*'], scope: {scope}}}"
+        ev = Evaluator(
+            policy_with(f"namespace: {{sharing: [{rule}]}}"),
+            keys.keyring,
+            keys.decision,
+            pii_scanner=pii_scanner,
+        )
+        return str(
+            gate(decide(ev, request([candidate(keys, namespace="research/common")])), "namespace")["result"]
+        )
+
+    assert namespace_gate("{task: extract_financials@1}") == "pass"
+    assert namespace_gate("{task: extract_financials@2}") == "fail"
+    assert namespace_gate("{tenant: globex}") == "fail"
+    with pytest.raises(PolicyError, match="at least one of tenant, namespace, task"):
+        namespace_gate("{}")
+
+
 def test_compatible_task_group(keys: Keys, pii_scanner: Any) -> None:
     """A declared compatible group lets another task version pass the task gate."""
     ev = Evaluator(

@@ -28,7 +28,8 @@ allow_public_donors := false
 public_donors_for := []
 
 # namespace: explicit cross-namespace sharing rules, each
-# {"donor": "<namespace or prefix/*>", "recipients": ["<namespace or prefix/*>", ...]}.
+# {"donor": "<namespace or prefix/*>", "recipients": ["<namespace or prefix/*>", ...]}, with an
+# optional "scope" (as in public_donors_for): the rule then covers requests in that scope only.
 namespace_sharing := []
 
 # expiry: never reuse a donor older than this many seconds (30d); null for no limit.
@@ -199,7 +200,12 @@ namespace_ok if {
 	namespace_matches(rule.donor, donor.namespace)
 	some r in rule.recipients
 	namespace_matches(r, input.request.namespace)
+	sharing_in_scope(rule)
 }
+
+sharing_in_scope(rule) if not "scope" in object.keys(rule)
+
+sharing_in_scope(rule) if request_in_scope(rule.scope)
 
 deny contains {"gate": "namespace", "detail": detail} if {
 	donor_known

@@ -50,9 +50,12 @@ def gate_namespace(p: Policy, doc: PolicyInput) -> Outcome:
     ns = doc.request.namespace
     if d.namespace == ns:
         return True, "same namespace"
+    r = doc.request
     for i, rule in enumerate(p.namespace.sharing):
-        if namespace_matches(rule.donor, d.namespace) and any(
-            namespace_matches(r, ns) for r in rule.recipients
+        if (
+            namespace_matches(rule.donor, d.namespace)
+            and any(namespace_matches(pat, ns) for pat in rule.recipients)
+            and (rule.scope is None or rule.scope.matches(r.tenant, ns, r.task.id, r.task.version))
         ):
             return True, f"shared by namespace.sharing[{i}]"
     return False, f"donor namespace {d.namespace!r} differs and no sharing rule covers {ns!r}"
