@@ -15,6 +15,7 @@ from semgov.cli.check import add_limit_flags, limits_from_args
 from semgov.decide import Evaluator
 from semgov.errors import InputError
 from semgov.intake.capture import MalformedLine, read_captured
+from semgov.intake.limits import Limits
 from semgov.policy.diff import GROUPS, Change, Diff, Row
 from semgov.policy.source import ENGINES, load_policy_source, make_engine
 from semgov.signing.keys import Keyring, SigningKey
@@ -86,10 +87,9 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _evaluators(args: argparse.Namespace) -> tuple[Evaluator, Evaluator]:
+def _evaluators(args: argparse.Namespace, limits: Limits) -> tuple[Evaluator, Evaluator]:
     if len(args.policy) != 2:
         raise InputError(f"give --policy exactly twice (A, then B), not {len(args.policy)} time(s)")
-    limits = limits_from_args(args)
     keyring = Keyring.load(args.trust)
     # NOTE: a throwaway key: these decisions are compared and dropped, never written or trusted.
     key = SigningKey.from_private(Ed25519PrivateKey.generate())
@@ -104,11 +104,12 @@ def run(args: argparse.Namespace) -> int:
     logger = log.get_logger()
     if args.show < 0:
         raise InputError(f"--show must be 0 or more, not {args.show}")
-    ev_a, ev_b = _evaluators(args)
+    limits = limits_from_args(args)
+    ev_a, ev_b = _evaluators(args, limits)
     now = parse_rfc3339(args.now, what="--now") if args.now else None
     diff = Diff()
     stdout = sys.stdout
-    for item in read_captured(args.captured, limits=limits_from_args(args)):
+    for item in read_captured(args.captured, limits=limits):
         diff.requests += 1
         if isinstance(item, MalformedLine):
             diff.malformed += 1  # NOTE: both policies deny a malformed line's donors alike

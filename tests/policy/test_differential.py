@@ -33,8 +33,11 @@ N_RANDOM = 6000
 
 @cache
 def evaluators() -> tuple[Evaluator, ...]:
-    yaml_pol = load_policy(DEFAULT_POLICY_DIR)
-    rego_pol = load_rego_policy(REGO_DIR)
+    return three_engines(load_policy(DEFAULT_POLICY_DIR), load_rego_policy(REGO_DIR))
+
+
+def three_engines(yaml_pol: Any, rego_pol: Any) -> tuple[Evaluator, ...]:
+    """Evaluators for a YAML policy and its Rego twin under regorus and the real OPA evaluator."""
     kr = Keyring.load(EX / "keyring.json")
     sk = load_signing_key(EX / "keys" / "decision-signing-key.pem")
     return (
@@ -322,13 +325,7 @@ def scoped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Evaluator, ...]:
     yaml_pol, rego_pol = load_policy(d / "yaml"), load_rego_policy(d / "rego")
     assert yaml_pol.tenant.public_donors_for and yaml_pol.namespace.sharing[0].scope is not None
     assert rego_pol.revision != load_rego_policy(REGO_DIR).revision
-    kr = Keyring.load(EX / "keyring.json")
-    sk = load_signing_key(EX / "keys" / "decision-signing-key.pem")
-    return (
-        Evaluator(yaml_pol, kr, sk),
-        Evaluator(rego_pol, kr, sk, engine=RegorusEngine(rego_pol)),
-        Evaluator(rego_pol, kr, sk, engine=OpaInProcessEngine(rego_pol)),
-    )
+    return three_engines(yaml_pol, rego_pol)
 
 
 def test_public_donors_for_scopes_agree_in_every_engine(scoped: tuple[Evaluator, ...]) -> None:

@@ -306,9 +306,11 @@ def load_rego_policy(directory: Path, *, limits: Limits | None = None) -> RegoPo
             f"`facts_config`: {err['msg']}", source=str(directory), field=".".join(map(str, err["loc"]))
         ) from e
     if _defines(eng, "namespace_sharing"):
-        _check_sharing(_constant(eng, "namespace_sharing", str(directory)), str(directory))
+        raw = _constant(eng, "namespace_sharing", str(directory))
+        _check_rules(raw, "namespace_sharing", SharingRule, "{donor, recipients}", str(directory))
     if _defines(eng, "public_donors_for"):
-        _check_scopes(_constant(eng, "public_donors_for", str(directory)), str(directory))
+        raw = _constant(eng, "public_donors_for", str(directory))
+        _check_rules(raw, "public_donors_for", RequestScope, "{tenant, namespace, task}", str(directory))
     if _defines(eng, "compatible_task_groups"):
         _check_task_groups(_constant(eng, "compatible_task_groups", str(directory)), str(directory))
     config = FactConfig(
@@ -321,34 +323,19 @@ def load_rego_policy(directory: Path, *, limits: Limits | None = None) -> RegoPo
     return RegoPolicy(directory, modules, tests, meta.name, meta.version, rego_revision(modules), config)
 
 
-def _check_sharing(raw: Any, source: str) -> None:
-    """``namespace_sharing``, when a policy defines it, follows the YAML rules' pattern syntax."""
+def _check_rules(raw: Any, constant: str, model: type[BaseModel], form: str, source: str) -> None:
+    """A list constant (``namespace_sharing``, ``public_donors_for``), when a policy defines it,
+    holds rules of the YAML policy's form (``model``): the same patterns and scopes in both."""
     if not isinstance(raw, list):
-        raise PolicyError("`namespace_sharing` must be a constant list of {donor, recipients}", source=source)
+        raise PolicyError(f"`{constant}` must be a constant list of {form}", source=source)
     for i, rule in enumerate(raw):
         try:
-            SharingRule.model_validate(rule)
+            model.model_validate(rule)
         except ValidationError as e:
             err = e.errors(include_url=False)[0]
             where = ".".join(map(str, err["loc"]))
             msg = str(err["msg"]).removeprefix("Value error, ")
-            raise PolicyError(f"`namespace_sharing[{i}]`: {msg}", source=source, field=where or None) from e
-
-
-def _check_scopes(raw: Any, source: str) -> None:
-    """``public_donors_for``, when a policy defines it, holds scopes of the YAML rules' form."""
-    if not isinstance(raw, list):
-        raise PolicyError(
-            "`public_donors_for` must be a constant list of {tenant, namespace, task}", source=source
-        )
-    for i, scope in enumerate(raw):
-        try:
-            RequestScope.model_validate(scope)
-        except ValidationError as e:
-            err = e.errors(include_url=False)[0]
-            where = ".".join(map(str, err["loc"]))
-            msg = str(err["msg"]).removeprefix("Value error, ")
-            raise PolicyError(f"`public_donors_for[{i}]`: {msg}", source=source, field=where or None) from e
+            raise PolicyError(f"`{constant}[{i}]`: {msg}", source=source, field=where or None) from e
 
 
 def _check_task_groups(raw: Any, source: str) -> None:
