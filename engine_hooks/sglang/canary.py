@@ -258,6 +258,19 @@ class CanaryBook:
             )
             return True
 
+    def new_revision(self, revision: str) -> bool:
+        """Another live policy revision was loaded while running: what was found under the old one
+        no longer holds (counts, disabled scopes and queued canaries are cleared, as a restart with a
+        new revision clears them). False when the revision is the one in force."""
+        with self._lock:
+            if revision == self.revision:
+                return False
+            self.revision = revision
+            self.counts = {}
+            self.disabled = frozenset()  # NOTE: replaced, never mutated
+            self._queue.clear()
+            return True
+
     def take_events(self) -> list[CanaryEvent]:
         with self._lock:
             out, self._events = self._events, []

@@ -20,7 +20,9 @@ its registration is done, by the child's registration thread) and ``remove``/``s
 - ``("remove", donor_id)``;
 - ``("decide", seq, request_id, context, scope, tokens, text, limit)``
   -> ``("decided", seq, [(donor_id, similarity)], [SignedDecision], error | None)``;
+  then, when there is a shadow policy, ``("shadow", [SignedDecision])`` (its records);
 - ``("event", seq, EventJob)`` -> ``("event", seq, canonical record | None, error | None)``;
+- ``("reload", reason)`` -> ``("reloaded", [ReloadOutcome], reason)`` (between two decisions);
 - ``("ping", seq)`` -> ``("pong", seq)`` (everything sent before it is answered);
 - ``("stop",)``: finish the registrations in flight, then exit.
 
@@ -184,19 +186,16 @@ class _Child:
     def __init__(
         self, out: IO[bytes], settings: HookSettings, tokenizer_path: str | None, engine: str
     ) -> None:
-        from engine_hooks.sglang.decisions import build_evaluator
         from engine_hooks.sglang.donors import load_detokenizer
+        from engine_hooks.sglang.policies import HookPolicies, open_capture
         from engine_hooks.sglang.providers import load_provider
-        from semgov.policy.source import load_policy_source
-        from semgov.signing.keys import Keyring, load_signing_key
+        from semgov.signing.keys import load_signing_key
 
         self.out = out
         self.settings = settings
         self.engine = engine
-        policy = load_policy_source(settings.policy)
-        self.policy_version = f"{policy.name}@{policy.version}"
         self.key = load_signing_key(settings.signing_key)
-        self.evaluator = build_evaluator(settings, policy, Keyring.load(settings.trust), self.key)
+        self.policies = HookPolicies(settings, self.key, capture=open_capture(settings))
         self.provider = load_provider(settings.provider, max_donors_per_scope=settings.max_donors_per_scope)
         self.detokenize = load_detokenizer(settings.detokenizer, tokenizer_path)
         self.donors: dict[str, Any] = {}
@@ -219,6 +218,8 @@ class _Child:
             if kind == "stop":
                 self._todo.put(None)
                 self._worker.join()
+                if self.policies.capture is not None:
+                    self.policies.capture.close()
                 return 0
             try:
                 self.handle(msg)
@@ -234,7 +235,6 @@ class _Child:
                     self.send(("pong", msg[1]))
 
     def handle(self, msg: tuple[Any, ...]) -> None:
-        from engine_hooks.sglang.decisions import evaluate_request
         from engine_hooks.sglang.events import sign_event_job
 
         kind = msg[0]
@@ -250,12 +250,19 @@ class _Child:
                 found = candidate_entries(
                     self.donors, scope, self.provider.query(scope, token_ids, text, limit=limit)
                 )
-            decisions = (
-                evaluate_request(self.evaluator, datetime.now(UTC), request_id, ctx, token_ids, text, found)
+            live = (
+                self.policies.decide_live(datetime.now(UTC), request_id, ctx, token_ids, text, found)
                 if found
-                else []
+                else None
             )
+            decisions = live.decisions if live is not None else []
             self.send(("decided", seq, [(e.donor_id, sim) for e, sim in found], decisions, None))
+            if live is not None:
+                shadow = self.policies.decide_shadow(live)  # NOTE: after the live answer is sent
+                if shadow:
+                    self.send(("shadow", shadow))
+        elif kind == "reload":
+            self.send(("reloaded", self.policies.reload(), msg[1]))
         elif kind == "event":
             self.send(("event", msg[1], sign_event_job(msg[2], self.engine, self.key).canonical, None))
         elif kind == "ping":
@@ -269,13 +276,14 @@ class _Child:
         while (job := self._todo.get()) is not None:
             spec, scope = job
             try:
+                live = self.policies.live  # NOTE: read once: a reload may swap it meanwhile
                 entry = build_donor_entry(
                     spec,
                     scope,
-                    evaluator=self.evaluator,
+                    evaluator=live.evaluator,
                     detokenize=self.detokenize,
                     signing_key=self.key,
-                    policy_version=self.policy_version,
+                    policy_version=live.version,
                     ttl_s=self.settings.donor_ttl_s,
                     now=datetime.now(UTC),
                 )

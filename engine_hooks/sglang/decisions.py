@@ -1,8 +1,8 @@
 """Decisions: candidate search and policy evaluation for one recipient, off the scheduler thread.
 
-- :func:`evaluate_request` builds the ``CapturedRequest`` for one recipient and its candidates
-  and runs :class:`semgov.decide.Evaluator` (every gate, every time; any error is a signed deny);
-  :func:`build_evaluator` is the evaluator the hook decides with, in either process.
+- :class:`~engine_hooks.sglang.policies.HookPolicies` decides (in either process): the live
+  policy's signed decisions, then the shadow policy's records and the capture; a :class:`Reload`
+  job reloads the policies between two decisions.
 - :class:`DecisionThread` is the decision thread (``semgov-decide``): the scheduler thread queues
   a :class:`PendingDecision` (polled, never waited on), provider changes, engine events and
   registrations; the thread takes everything queued at once and runs it in order.
@@ -29,7 +29,6 @@ import time
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Protocol
 
 from engine_hooks.sglang.context import RequestContext
@@ -41,17 +40,13 @@ from engine_hooks.sglang.donors import (
     DonorSpec,
     LiveDonor,
     ProviderOp,
-    prompt_of,
 )
 from engine_hooks.sglang.events import AuditTrail, EventJob
+from engine_hooks.sglang.policies import HookPolicies, LiveDecided, ReloadOutcome
 from engine_hooks.sglang.settings import HookSettings
-from semgov.decide import Evaluator, SignedDecision
+from semgov.decide import SignedDecision
 from semgov.log import get_logger
-from semgov.policy.engine import PolicySource
-from semgov.policy.source import make_engine
-from semgov.signing.keys import Keyring, SigningKey
 from semgov.typing import CandidateProvider
-from semgov.wire.models import CAPTURED_REQUEST_SCHEMA, Candidate, CapturedRequest
 
 
 @dataclass(slots=True, eq=False)
@@ -78,59 +73,27 @@ class Register:
     spec: DonorSpec
 
 
-Job = PendingDecision | EventJob | ProviderOp | Register | threading.Event  # Event: a wait_idle marker
+@dataclass(frozen=True, slots=True)
+class Reload:
+    """Reload the policies and the keyring (SIGHUP, a file change), between two decisions."""
+
+    reason: str
 
 
-def build_evaluator(
-    settings: HookSettings, policy: PolicySource, keyring: Keyring, key: SigningKey
-) -> Evaluator:
-    """The evaluator the hook decides with (the same in the scheduler process and the decision process)."""
-    return Evaluator(
-        policy,
-        keyring,
-        key,
-        engine=make_engine(policy, settings.engine or "auto"),
-        engine_timeout=settings.decision_timeout_ms / 1000,
-    )
+Job = PendingDecision | EventJob | ProviderOp | Register | Reload | threading.Event  # Event: wait_idle
 
 
-def evaluate_request(
-    evaluator: Evaluator,
-    now: datetime,
-    request_id: str,
-    ctx: RequestContext,
-    token_ids: Sequence[int],
-    text: str | None,
-    candidates: Sequence[tuple[DonorEntry, float]],
-) -> list[SignedDecision]:
-    """One signed decision per candidate (the evaluator denies on any error of a candidate's).
+class LifecycleSink(Protocol):
+    """Where the policy lifecycle's outcomes go (the governor): reloads and shadow records."""
 
-    Raises only when the request itself cannot be built (the caller then decides nothing).
-    """
-    req = CapturedRequest.model_validate(
-        {
-            "schema": CAPTURED_REQUEST_SCHEMA,
-            "request_id": request_id,
-            "received_at": now,
-            "tenant": ctx.tenant,
-            "namespace": ctx.namespace,
-            "task": ctx.task,
-            "response_contract": ctx.response_contract,
-            "prompt": prompt_of(token_ids, text, ctx),
-            "candidates": [
-                Candidate.model_validate(
-                    {
-                        "donor_id": d.donor_id,
-                        "similarity": sim,
-                        "prompt": d.prompt,
-                        "provenance": d.provenance,
-                    }
-                )
-                for d, sim in candidates
-            ],
-        }
-    )
-    return evaluator.evaluate(req, now=now)
+    def reloaded(self, outcomes: list[ReloadOutcome], reason: str) -> None: ...
+
+    def shadowed(self, records: list[SignedDecision], disagreements: int) -> None: ...
+
+
+def disagreements(records: Sequence[SignedDecision]) -> int:
+    """Shadow records whose decision differs from the live one's (none made counts as a deny)."""
+    return sum(1 for r in records if r.record["decision"] != (r.record.get("live_decision") or "deny"))
 
 
 class JobHandler(Protocol):
@@ -208,19 +171,21 @@ class LocalDecisions:
         settings: HookSettings,
         context_key: bytes,
         *,
-        evaluator: Evaluator,
+        policies: HookPolicies,
         provider: CandidateProvider,
         donors: DonorRegistry,
         trail: AuditTrail,
         clock: Clock,
+        lifecycle: LifecycleSink,
     ) -> None:
         self.settings = settings
         self.context_key = context_key
-        self.evaluator = evaluator
+        self.policies = policies
         self.provider = provider
         self.donors = donors
         self.trail = trail
         self.clock = clock
+        self.lifecycle = lifecycle
 
     def handle(self, job: Job) -> None:
         if isinstance(job, PendingDecision):
@@ -229,6 +194,8 @@ class LocalDecisions:
             self.apply(job)
         elif isinstance(job, EventJob):
             self.trail.sign(job)
+        elif isinstance(job, Reload):
+            self.lifecycle.reloaded(self.policies.reload(), job.reason)
         elif isinstance(job, threading.Event):
             job.set()  # wait_idle: everything queued before it is done
 
@@ -262,37 +229,39 @@ class LocalDecisions:
         token_ids: Sequence[int],
         text: str | None,
         candidates: Sequence[tuple[DonorEntry, float]],
-    ) -> list[SignedDecision]:
-        """One signed decision per candidate (all denied on any error); each is audited.
+    ) -> LiveDecided | None:
+        """One signed live decision per candidate (all denied on any error); each is audited.
 
         NOTE: with a broken audit log nothing is decided: no decision, no reuse (cold).
         """
         if self.trail.broken is not None:
-            return []
+            return None
         try:
-            decisions = evaluate_request(
-                self.evaluator, self.clock(), request_id, ctx, token_ids, text, candidates
-            )
+            live = self.policies.decide_live(self.clock(), request_id, ctx, token_ids, text, candidates)
         except Exception as e:  # noqa: BLE001 - fail closed: no decision means no reuse
             get_logger().warning(
                 "semgov decision failed", request_id=request_id, error=f"{type(e).__name__}: {e}"
             )
-            return []
-        return self.trail.record_decisions(decisions)
+            return None
+        self.trail.record_decisions(live.decisions)
+        return live
 
     def run(self, job: PendingDecision) -> None:
-        """Candidate search and :meth:`decide` for one queued recipient."""
+        """Candidate search and :meth:`decide` for one queued recipient; then, once the scheduler
+        may act on the job, the shadow policy's records and the capture."""
         t0 = time.perf_counter()
+        live: LiveDecided | None = None
         try:
             job.candidates = list(self.candidates(job.context, job.cache_salt, job.token_ids, job.text))
             if job.candidates:
-                job.decisions = self.decide(
+                live = self.decide(
                     job.request_id,
                     job.context,
                     job.token_ids,
                     job.text,
                     [(e, sim) for e, sim in job.candidates if isinstance(e, DonorEntry)],
                 )
+                job.decisions = live.decisions if live is not None else []
         except Exception as e:  # noqa: BLE001 - no candidates, no decision: the request runs cold
             job.candidates, job.decisions = [], []
             get_logger().warning(
@@ -301,6 +270,11 @@ class LocalDecisions:
         finally:
             job.decided_s = time.perf_counter() - t0
             job.done = True  # NOTE: last: the scheduler thread reads the job only after this
+        if live is not None:
+            shadow = self.policies.decide_shadow(live)  # NOTE: never raises; after `done`
+            if shadow:
+                self.trail.record_shadow(shadow)
+                self.lifecycle.shadowed(shadow, disagreements(shadow))
 
 
 class RemoteDecisions:
@@ -309,12 +283,19 @@ class RemoteDecisions:
     :meth:`failed` finishes whatever a dead process still owed. ``process`` is set once started."""
 
     def __init__(
-        self, settings: HookSettings, context_key: bytes, *, donors: DonorRegistry, trail: AuditTrail
+        self,
+        settings: HookSettings,
+        context_key: bytes,
+        *,
+        donors: DonorRegistry,
+        trail: AuditTrail,
+        lifecycle: LifecycleSink,
     ) -> None:
         self.settings = settings
         self.context_key = context_key
         self.donors = donors
         self.trail = trail
+        self.lifecycle = lifecycle
         self.process: DecisionProcess | None = None
         self.broken_logged = False
         self._inflight: dict[int, PendingDecision] = {}
@@ -342,6 +323,8 @@ class RemoteDecisions:
             with self._lock:
                 self._registering[spec.donor_id] = (spec, scope)
             self._tell(("register", spec, scope))
+        elif isinstance(job, Reload):
+            self._tell(("reload", job.reason))
         elif isinstance(job, threading.Event):
             seq = self._enter(self._pings, job)
             self._tell(("ping", seq))
@@ -406,6 +389,13 @@ class RemoteDecisions:
                 ping = self._pings.pop(msg[1], None)
             if ping is not None:
                 ping.set()
+        elif kind == "shadow":
+            _, records = msg
+            self.trail.record_shadow(records)
+            self.lifecycle.shadowed(records, disagreements(records))
+        elif kind == "reloaded":
+            _, outcomes, reason = msg
+            self.lifecycle.reloaded(outcomes, reason)
 
     def _decided(
         self, seq: int, found: list[tuple[str, float]], decisions: list[SignedDecision], error: str | None

@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from engine_hooks.sglang.context import RequestContext
 from engine_hooks.sglang.decider import candidate_entries
@@ -187,27 +187,44 @@ def build_donor_entry(
     )
 
 
+class LivePolicy(Protocol):
+    """The live policy in force (:class:`engine_hooks.sglang.policies.LoadedPolicy`)."""
+
+    @property
+    def evaluator(self) -> Evaluator: ...
+
+    @property
+    def version(self) -> str: ...
+
+
+class LivePolicyHolder(Protocol):
+    """Whatever holds the live policy, which a reload replaces (``HookPolicies``)."""
+
+    @property
+    def live(self) -> LivePolicy: ...
+
+
 @dataclass(frozen=True, slots=True)
 class DonorBuilder:
     """:func:`build_donor_entry` in this process: everything it needs but the donor (``clock`` is
     called at each registration, for the provenance's creation time)."""
 
     context_key: bytes
-    evaluator: Evaluator
+    policies: LivePolicyHolder
     detokenize: Detokenize | None
     signing_key: SigningKey
-    policy_version: str
     ttl_s: int
     clock: Clock
 
     def __call__(self, spec: DonorSpec) -> DonorEntry:
+        live = self.policies.live  # NOTE: read once: a reload may swap it meanwhile
         return build_donor_entry(
             spec,
             spec.context.scope(self.context_key, spec.cache_salt),
-            evaluator=self.evaluator,
+            evaluator=live.evaluator,
             detokenize=self.detokenize,
             signing_key=self.signing_key,
-            policy_version=self.policy_version,
+            policy_version=live.version,
             ttl_s=self.ttl_s,
             now=self.clock(),
         )

@@ -106,6 +106,14 @@ class AuditTrail:
             self.put(d)
         return decisions
 
+    def record_shadow(self, records: list[SignedDecision]) -> None:
+        """Queue shadow decision records for the audit log.
+
+        NOTE: no ticket is kept: nothing ever waits for a shadow record, nothing acts on one.
+        """
+        for r in records:
+            self.append(r.canonical)
+
     def decision_durable(self, decision_id: str, timeout: float) -> bool:
         """Whether an allow decision's record is durable in the audit log (waits up to ``timeout``).
 

@@ -107,6 +107,9 @@ def build_governed_cache(ctx: Any, settings: HookSettings | None = None) -> Any:
             )
         assert isinstance(governor, Governor)
         canaries = build_canaries(settings, governor, server_args)
+        governor.on_revision.append(canaries.book.new_revision)
+    if isinstance(governor, Governor):
+        governor.watch(sighup=True)
     cache = create_unified_radix_cache(ctx, cache_class=GovernedRadixCache)
     # NOTE: realization copies run on the stream current at admission (the scheduler's
     # schedule stream): without overlap the forward runs on it, with overlap the forward
@@ -135,7 +138,7 @@ def build_canaries(settings: HookSettings, governor: Any, server_args: Any) -> A
             timeout_s=float(settings.canary_timeout_s),
             idle_ms=settings.canary_idle_ms,
         ),
-        revision=governor.policy.revision,
+        revision=governor.revision,
         replay=http_replay(host, port, api_key, float(settings.canary_timeout_s)),
         audit=canary_audit(governor),
         state_path=settings.audit_dir / STATE_FILE,

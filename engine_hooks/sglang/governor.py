@@ -24,7 +24,7 @@ loads the hook's policy, keys and provider, builds the parts below, and is what 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,8 +35,8 @@ from engine_hooks.sglang.decisions import (
     LocalDecisions,
     PendingDecision,
     Register,
+    Reload,
     RemoteDecisions,
-    build_evaluator,
 )
 from engine_hooks.sglang.donors import (
     Clock,
@@ -47,13 +47,15 @@ from engine_hooks.sglang.donors import (
     load_detokenizer,
 )
 from engine_hooks.sglang.events import AuditTrail, EventJob, open_audit_log
+from engine_hooks.sglang.policies import HookPolicies, ReloadOutcome, open_capture
 from engine_hooks.sglang.providers import load_provider
+from engine_hooks.sglang.reload import ReloadWatcher, install_sighup
 from engine_hooks.sglang.settings import HookConfigError, HookSettings, read_context_key
+from semgov.decide import Evaluator
 from semgov.log import get_logger
 from semgov.policy.engine import PolicySource
-from semgov.policy.source import load_policy_source
-from semgov.signing.keys import Keyring, SigningKey, load_signing_key
-from semgov.typing import CandidateProvider
+from semgov.signing.keys import SigningKey, load_signing_key
+from semgov.typing import CandidateProvider, SignedDecision
 
 
 def _utcnow() -> datetime:
@@ -108,17 +110,6 @@ def read_context_keys(settings: HookSettings) -> tuple[bytes, tuple[bytes, ...]]
     return key, (previous,)
 
 
-def load_trust(settings: HookSettings, own: SigningKey) -> Keyring:
-    """The keyring decisions are verified with: it must hold the hook's own key."""
-    keyring = Keyring.load(settings.trust)
-    if keyring.get(own.key_id) is None:
-        raise HookConfigError(
-            f"SEMGOV_TRUST={settings.trust} does not hold the hook's own key {own.key_id} "
-            f"(SEMGOV_SIGNING_KEY): donors the hook registers could never be verified"
-        )
-    return keyring
-
-
 def _provider_here(
     settings: HookSettings, provider: CandidateProvider | None, remote: bool
 ) -> CandidateProvider | None:
@@ -154,12 +145,18 @@ class Governor:
         self.settings = settings
         self.engine_name = engine_name
         self.clock = clock
-        self.policy: PolicySource = load_policy_source(settings.policy)
         self.signing_key: SigningKey = load_signing_key(settings.signing_key)
-        self.keyring = load_trust(settings, self.signing_key)
         self.context_key, self.previous_context_keys = read_context_keys(settings)
-        self.evaluator = build_evaluator(settings, self.policy, self.keyring, self.signing_key)
         remote = settings.async_decisions and settings.decision_process
+        # NOTE: with the decision process these are only checked here (a bad policy, shadow policy
+        # or capture directory refuses the server at start); the child decides and captures.
+        self.policies = HookPolicies(
+            settings, self.signing_key, capture=None if remote else open_capture(settings)
+        )
+        self.revision = self.policies.live.revision  # the live revision in force (updated on reload)
+        self.on_revision: list[Callable[[str], object]] = []  # called with each new live revision
+        self.reloads = self.reload_failures = self.shadow_records = self.shadow_disagreements = 0
+        self.watcher: ReloadWatcher | None = None
         self.provider = _provider_here(settings, provider, remote)
         self.detokenize = load_detokenizer(settings.detokenizer, tokenizer_path)
         if self.detokenize is None:
@@ -167,7 +164,6 @@ class Governor:
                 "semgov hook has no donor text: donors are registered without a PII scan",
                 detokenizer=settings.detokenizer,
             )
-        self.policy_version = f"{self.policy.name}@{self.policy.version}"
         self.audit = open_audit_log(settings, self.signing_key)
         self.trail = AuditTrail(self.audit, settings.audit_dir, engine_name, self.signing_key)
         self.jobs = DecisionThread(settings.async_decisions)
@@ -189,18 +185,19 @@ class Governor:
         self.local = LocalDecisions(
             self.settings,
             self.context_key,
-            evaluator=self.evaluator,
+            policies=self.policies,
             provider=self.provider,
             donors=self.donors,
             trail=self.trail,
             clock=self._now,
+            lifecycle=self,
         )
         return self.local
 
     def _start_process(self, tokenizer_path: str | None) -> RemoteDecisions:
         """The decision thread's jobs go to the decision process, started here."""
         self.forwarding = RemoteDecisions(
-            self.settings, self.context_key, donors=self.donors, trail=self.trail
+            self.settings, self.context_key, donors=self.donors, trail=self.trail, lifecycle=self
         )
         self.remote = self.forwarding.process = DecisionProcess(
             self.settings,
@@ -218,13 +215,28 @@ class Governor:
         """Donors built in this process (the registration thread, or the caller without one)."""
         return DonorBuilder(
             self.context_key,
-            self.evaluator,
+            self.policies,
             self.detokenize,
             self.signing_key,
-            self.policy_version,
             self.settings.donor_ttl_s,
             self._now,
         )
+
+    # ---- the live policy --------------------------------------------------------------------
+
+    @property
+    def policy(self) -> PolicySource:
+        """The live policy this process loaded (with the decision process, the one at start)."""
+        return self.policies.live.source
+
+    @property
+    def evaluator(self) -> Evaluator:
+        """The live evaluator of this process (it decides without the decision process)."""
+        return self.policies.live.evaluator
+
+    @property
+    def policy_version(self) -> str:
+        return self.policies.live.version
 
     def _forward_registration(self, spec: DonorSpec) -> None:
         """A registration for the decision process: queued in order with the other jobs."""
@@ -334,14 +346,65 @@ class Governor:
         """Block until everything queued for the decision thread is done (tests, shutdown)."""
         return self.jobs.wait_idle(timeout)
 
+    # ---- the policy lifecycle ----------------------------------------------------------------
+
+    def request_reload(self, reason: str = "requested") -> None:
+        """Reload policies and keyring between two decisions (queued; any thread, a signal handler too).
+
+        NOTE: without the decision thread it runs at once on the calling thread (tests only).
+        """
+        self.jobs.submit(Reload(reason))
+
+    def watch(self, *, sighup: bool = False) -> None:
+        """Reload on a change of the policy files or the keyring (every ``SEMGOV_RELOAD_POLL_MS``)
+        and, with ``sighup``, on SIGHUP (the server's main thread only). Needs the decision thread."""
+        if not self.settings.async_decisions:
+            return
+        if sighup and install_sighup(self.request_reload):
+            get_logger().info("semgov: SIGHUP reloads the policies and the keyring")
+        s = self.settings
+        if s.reload_poll_ms > 0 and self.watcher is None:
+            paths = [s.policy, s.trust, *((s.shadow_policy,) if s.shadow_policy is not None else ())]
+            self.watcher = ReloadWatcher(paths, s.reload_poll_ms / 1000, self.request_reload)
+
+    def reloaded(self, outcomes: list[ReloadOutcome], reason: str) -> None:
+        """A reload's outcomes (the decision thread, or the decision process's reader): each one is
+        audited (``policy_loaded`` / ``policy_load_failed``) and logged; a new live revision is
+        announced to ``on_revision``."""
+        for o in outcomes:
+            self.event(o.kind, detail=f"{o.detail} [{reason}]")
+            if not o.ok:
+                self.reload_failures += 1
+                continue
+            self.reloads += 1
+            get_logger().info(
+                "semgov policy reloaded", role=o.role, version=o.version, revision=o.revision, reason=reason
+            )
+            if o.role == "live" and o.revision != self.revision:
+                self.revision = o.revision
+                for listener in self.on_revision:
+                    try:
+                        listener(o.revision)
+                    except Exception as e:  # noqa: BLE001 - a listener bug must not stop the reload
+                        get_logger().error("semgov reload listener failed", error=f"{type(e).__name__}: {e}")
+
+    def shadowed(self, records: list[SignedDecision], disagreements: int) -> None:
+        """Shadow records were audited (counted; never acted on)."""
+        self.shadow_records += len(records)
+        self.shadow_disagreements += disagreements
+
     def close(self) -> None:
         """Stop the registration and decision threads and close the audit log (flushes, checkpoints).
 
         Queued decisions and events are finished first. Raises the audit log's error if records it
         accepted could not be made durable.
         """
+        if self.watcher is not None:
+            self.watcher.close()
         self.donors.close()
         self.jobs.close()
         if self.forwarding is not None:
             self.forwarding.close()
+        if self.policies.capture is not None:
+            self.policies.capture.close()
         self.trail.close()

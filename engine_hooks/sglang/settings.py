@@ -96,6 +96,21 @@ class HookSettings:
     """A canary is sent only when no prefill round has seen a waiting request for this long."""
     canary_timeout_s: int = 300
     """How long a canary's replay may take before it counts as failed (neither match nor regression)."""
+    shadow_policy: Path | None = None
+    """A second policy decided alongside the live one for every candidate: its decisions are signed
+    and audited as ``semgov.shadow_decision/v1`` records and never acted on (docs/policy.md)."""
+    capture_dir: Path | None = None
+    """Where decided requests are captured (``semgov.captured_request/v1`` JSON Lines, rotated by
+    size) for ``semgov check`` and ``semgov diff``; None: no capture."""
+    capture_rate: float = 1.0
+    """Share of decided requests captured."""
+    capture_text: bool = False
+    """Capture prompt text too (off: token ids, segments and signed provenance only)."""
+    capture_max_mb: int = 64
+    """A capture file is rotated once it would grow past this many MiB."""
+    reload_poll_ms: int = 1000
+    """How often the policy files and the keyring are checked for changes (a change reloads them
+    between two decisions; so does SIGHUP to the scheduler process); 0: on SIGHUP only."""
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -135,6 +150,12 @@ class HookSettings:
             canary_queue=e.integer("SEMGOV_CANARY_QUEUE", 16, 1, 4096),
             canary_idle_ms=e.integer("SEMGOV_CANARY_IDLE_MS", 200, 0, 600_000),
             canary_timeout_s=e.integer("SEMGOV_CANARY_TIMEOUT_S", 300, 1, 86_400),
+            shadow_policy=e.optional_path("SEMGOV_SHADOW_POLICY"),
+            capture_dir=Path(e.text("SEMGOV_CAPTURE_DIR")) if e.text("SEMGOV_CAPTURE_DIR") else None,
+            capture_rate=e.share("SEMGOV_CAPTURE_RATE", 1.0),
+            capture_text=e.flag("SEMGOV_CAPTURE_TEXT", False),
+            capture_max_mb=e.integer("SEMGOV_CAPTURE_MAX_MB", 64, 1, 1 << 20),
+            reload_poll_ms=e.integer("SEMGOV_RELOAD_POLL_MS", 1000, 0, 3_600_000),
         )
 
 
@@ -184,10 +205,10 @@ class _Env:
             return False
         raise HookConfigError(f"{name}={v!r}: expected 1/0, true/false, yes/no or on/off")
 
-    def share(self, name: str) -> float:
+    def share(self, name: str, default: float = 0.0) -> float:
         v = self.text(name)
         if not v:
-            return 0.0
+            return default
         try:
             x = float(v)
         except ValueError:

@@ -2,9 +2,10 @@
 
 :mod:`semgov.audit.verify_dir` splits the log into ranges and has each re-read from disk in a
 worker process, which checks every frame in it here: record frames (index, SHA-256, the
-record's canonical form and signature, its decision or event id) and seal frames (SHA-256,
-position, the note and its signatures). What needs the whole log (roots, trust, validity,
-anchoring, duplicates) is the parent's job (:mod:`semgov.audit.verify`). No file access here.
+record's canonical form and signature, its decision or event id; a shadow decision is checked as
+a decision is) and seal frames (SHA-256, position, the note and its signatures). What needs the
+whole log (roots, trust, validity, anchoring, duplicates) is the parent's job
+(:mod:`semgov.audit.verify`). No file access here.
 """
 
 from __future__ import annotations
@@ -23,15 +24,18 @@ from semgov.audit.keyring import key_name_for
 from semgov.audit.merkle import leaf_hash
 from semgov.audit.note import NoteError, open_note, unverified_checkpoint
 from semgov.signing.canonical import canonicalize_record
-from semgov.wire.models import DECISION_SCHEMAS, ENGINE_EVENT_SCHEMAS
+from semgov.wire.models import DECISION_SCHEMAS, ENGINE_EVENT_SCHEMAS, SHADOW_DECISION_SCHEMA
 
 _SIGNED = {
     **dict.fromkeys(DECISION_SCHEMAS, "decision"),
+    SHADOW_DECISION_SCHEMA: "shadow decision",
     **dict.fromkeys(ENGINE_EVENT_SCHEMAS, "engine event"),
 }  # schema -> what
-# NOTE: the id field, not the schema, keys uniqueness: a v1 and a v2 decision with one id repeat it.
+# NOTE: the id field, not the schema, keys uniqueness: a v1 and a v2 decision with one id repeat
+# it, and so do a live and a shadow decision (the shadow evaluator draws its own decision ids).
 _ID_FIELD = {
     **dict.fromkeys(DECISION_SCHEMAS, "decision_id"),
+    SHADOW_DECISION_SCHEMA: "decision_id",
     **dict.fromkeys(ENGINE_EVENT_SCHEMAS, "event_id"),
 }
 
@@ -56,7 +60,7 @@ def id_hash(schema: str, value: str) -> bytes:
 
 
 def record_id(rec: Any) -> tuple[str, str] | None:
-    """``(id field, id)`` of a decision record or engine event, or None."""
+    """``(id field, id)`` of a decision record (live or shadow) or engine event, or None."""
     schema = rec.get("schema") if isinstance(rec, dict) else None
     name = _ID_FIELD.get(schema) if isinstance(schema, str) else None
     value = rec.get(name) if name is not None and isinstance(rec, dict) else None
@@ -86,7 +90,7 @@ def inspect_record(
     schema = rec.get("schema") if isinstance(rec, dict) else None
     what = _SIGNED.get(schema) if isinstance(schema, str) else None
     if what is None or not isinstance(schema, str):
-        return f"not a {', '.join((*DECISION_SCHEMAS, *ENGINE_EVENT_SCHEMAS))} record", None, None
+        return f"not a {', '.join(_SIGNED)} record", None, None
     rid = record_id(rec)
     idh = id_hash(schema, rid[1]) if rid is not None else None
     sig = rec.get("signature")

@@ -48,7 +48,7 @@ from semgov.audit.merkle import (
 from semgov.audit.note import Checkpoint, NoteError, open_note, unverified_checkpoint
 from semgov.signing.keys import key_id_for
 from semgov.wire import strictjson
-from semgov.wire.models import DECISION_SCHEMAS
+from semgov.wire.models import DECISION_SCHEMAS, SHADOW_DECISION_SCHEMA
 
 BUNDLE_SCHEMA = "semgov.audit_proof/v1"
 _MAX_SIZE = 2**64 - 1  # tree sizes are uint64 (checkpoints, RFC 9162)
@@ -615,14 +615,27 @@ def _span_problem(lo: int, hi: int, why: str) -> Problem:
 
 
 def is_decision_record(leaf: bytes, decision_id: str) -> bool:
-    """Whether ``leaf`` is the decision record ``decision_id`` (strict JSON; never raises)."""
+    """Whether ``leaf`` is the live decision record ``decision_id`` (strict JSON; never raises)."""
+    # NOTE: an engine event names its decision too; the bundle proves the decision record. A
+    # shadow decision (semgov.shadow_decision/v1) was never acted on: it is not a decision here.
+    return _decision_schema(leaf, decision_id) in DECISION_SCHEMAS
+
+
+def is_shadow_record(leaf: bytes, decision_id: str) -> bool:
+    """Whether ``leaf`` is the shadow decision record ``decision_id`` (strict JSON; never raises)."""
+    return _decision_schema(leaf, decision_id) == SHADOW_DECISION_SCHEMA
+
+
+def _decision_schema(leaf: bytes, decision_id: str) -> str | None:
+    """The schema of ``leaf`` when it is a record whose ``decision_id`` is ``decision_id``, else None."""
     try:
         rec = strictjson.loads(leaf)
     except strictjson.StrictJSONError:
-        return False  # not a record anyone can prove (`semgov audit verify` names it)
-    # NOTE: an engine event names its decision too; the bundle proves the decision record.
-    is_decision = isinstance(rec, dict) and rec.get("schema") in DECISION_SCHEMAS
-    return bool(is_decision and rec.get("decision_id") == decision_id)
+        return None  # not a record anyone can prove (`semgov audit verify` names it)
+    if not isinstance(rec, dict) or rec.get("decision_id") != decision_id:
+        return None
+    schema = rec.get("schema")
+    return schema if isinstance(schema, str) else None
 
 
 def proof_bundle(
@@ -679,7 +692,8 @@ def read_bundle(data: bytes | str) -> Any:
 
 
 def verify_bundle(bundle: Any, key: Ed25519PublicKey | AuditKeyring) -> dict[str, Any]:
-    """Check a proof bundle without the log; return its record (a decision, or an engine event).
+    """Check a proof bundle without the log; return its record (a decision, or an engine event;
+    a hand-made bundle may carry a shadow decision, whose ``schema`` says so).
 
     ``bundle`` is the parsed document (see :func:`read_bundle`), or the file's bytes or text,
     parsed here strictly (only then can a duplicate key be seen). Every field must have its

@@ -39,7 +39,7 @@ from semgov.audit.keyring import AuditKeyring
 from semgov.audit.merkle import leaf_hash
 from semgov.audit.note import NoteError, unverified_checkpoint
 from semgov.audit.reader import iter_records, read_checkpoint
-from semgov.audit.verify import LogChecks, Report, is_decision_record, proof_bundle
+from semgov.audit.verify import LogChecks, Report, is_decision_record, is_shadow_record, proof_bundle
 from semgov.signing.keys import key_id_for
 
 _CHUNK = 20_000  # records per worker task
@@ -177,13 +177,23 @@ def make_bundle(directory: Path, decision_id: str) -> dict[str, Any]:
         raise AuditLogError(f"the latest checkpoint is malformed: {e}", source=str(directory)) from e
     hashes: list[bytes] = []
     found: tuple[int, bytes] | None = None
+    shadow: int | None = None  # the index of a shadow decision with that id
     needle = json.dumps(decision_id).encode()
     for i, leaf in iter_records(directory):
         if i >= cp.size:
             break
         hashes.append(leaf_hash(leaf))
-        if found is None and needle in leaf and is_decision_record(leaf, decision_id):
-            found = (i, leaf)
+        if found is None and needle in leaf:
+            if is_decision_record(leaf, decision_id):
+                found = (i, leaf)
+            elif shadow is None and is_shadow_record(leaf, decision_id):
+                shadow = i
+    if found is None and shadow is not None:
+        raise AuditLogError(
+            f"record {shadow} with decision_id {decision_id!r} is a shadow decision "
+            "(semgov.shadow_decision/v1), never acted on: a proof bundle proves a live decision",
+            source=str(directory),
+        )
     if found is None:
         raise AuditLogError(
             f"no record with decision_id {decision_id!r} among the {cp.size} records the latest checkpoint "

@@ -17,9 +17,12 @@ from semgov.audit.keyring import AuditKeyring
 from semgov.audit.merkle import ProofError
 from semgov.audit.query import (
     Filter,
+    Stats,
     count_of,
+    disagreement,
     gates_of,
     is_event,
+    is_shadow,
     parse_when,
     record_time,
     select,
@@ -31,7 +34,7 @@ from semgov.audit.verify_dir import make_bundle, verify_log
 from semgov.errors import InputError
 from semgov.signing.keys import load_public_key
 from semgov.wire import strictjson
-from semgov.wire.models import ENGINE_EVENT_SCHEMAS, GATES, EngineEventKind
+from semgov.wire.models import ENGINE_EVENT_SCHEMAS, GATES, SHADOW_DECISION_SCHEMA, EngineEventKind
 from semgov.wire.strictjson import StrictJSONError
 
 DEFAULT_DIR = Path("audit/log")
@@ -50,9 +53,12 @@ def register(sub: Any) -> None:
 
     s = a.add_parser(
         "show",
-        help="list decisions and engine events",
-        description="List the decision records and engine events that match every filter "
-        "(decision filters skip engine events; --kind skips decisions).",
+        help="list decisions, shadow decisions and engine events",
+        description="List the decision records, shadow decision records and engine events that match "
+        "every filter (decision filters skip engine events and apply to shadow decisions; --kind skips "
+        "decisions). A shadow decision (semgov.shadow_decision/v1) was never acted on: the table marks it "
+        "`shadow` in the decision column, its outcome, the live decision's and whether they disagree "
+        "in the last.",
     )
     s.add_argument("directory", type=Path, nargs="?", default=DEFAULT_DIR, metavar="DIR")
     _filters(s)
@@ -65,7 +71,8 @@ def register(sub: Any) -> None:
         help="counts over a log",
         description="Counts by record schema, decision, gate failures and errors, approved tokens by tenant "
         "and namespace, engine events by kind, and records over time, for the records that match the "
-        "filters.",
+        "filters. Shadow decisions are counted apart from live ones (never as decisions): by outcome, "
+        "and their disagreements with the live decision by direction (live->shadow).",
     )
     st.add_argument("directory", type=Path, nargs="?", default=DEFAULT_DIR, metavar="DIR")
     _filters(st)
@@ -74,7 +81,7 @@ def register(sub: Any) -> None:
 
     pr = a.add_parser(
         "prove",
-        help="write an offline proof bundle for one decision",
+        help="write an offline proof bundle for one (live) decision",
         description="Write the record, its inclusion proof and the latest signed checkpoint as one JSON "
         "bundle that `semgov audit verify-proof` checks without the log.",
     )
@@ -144,10 +151,20 @@ def _filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--donor", metavar="DONOR_ID")
     p.add_argument("--decision", choices=("allow", "deny"))
     p.add_argument("--gate", choices=GATES, help="decisions where this gate did not pass")
-    p.add_argument("--decision-id", metavar="ID", help="the decision and the engine events that name it")
+    p.add_argument(
+        "--decision-id",
+        metavar="ID",
+        help="the decision, and the engine events and shadow decisions that name it",
+    )
     p.add_argument("--kind", choices=get_args(EngineEventKind), help="engine events of this kind")
     p.add_argument("--since", metavar="RFC3339", help="evaluated at or after")
     p.add_argument("--until", metavar="RFC3339", help="evaluated before")
+    p.add_argument(
+        "--shadow",
+        choices=("include", "exclude", "only"),
+        default="include",
+        help="shadow decision records (never acted on): with the rest (default), left out, or only them",
+    )
 
 
 def _filter(args: argparse.Namespace) -> Filter:
@@ -162,6 +179,7 @@ def _filter(args: argparse.Namespace) -> Filter:
         until=parse_when(args.until, "--until"),
         kind=args.kind,
         decision_id=args.decision_id,
+        shadow=args.shadow,
     )
 
 
@@ -271,9 +289,39 @@ def run_verify(args: argparse.Namespace) -> int:
     return 1
 
 
+def _event_row(i: int, rec: dict[str, Any]) -> str:
+    """An engine event: "event" in the decision column, its materialized tokens, and kind,
+    decision id and detail in the last column."""
+    at, tokens = record_time(rec), count_of(rec, "materialized_tokens")
+    req, donor = (str(rec.get(k) or "-")[:14] for k in ("request_id", "donor_id"))
+    what = str(rec.get("kind"))
+    if rec.get("decision_id") is not None:
+        what += f" decision {rec['decision_id']}"
+    if rec.get("detail"):
+        what += f" {str(rec['detail'])[:80]}"
+    return f"{i:>7}  {at:<20}  {'event':<8}  {'-':<12}  {req:<14}  {donor:<14}  {tokens:>6}  {what}\n"
+
+
+def _decision_row(i: int, rec: dict[str, Any]) -> str:
+    """A decision; a shadow decision has "shadow" in the decision column and, in the last, its
+    outcome, the live decision's (and its id), ``DISAGREE`` when they differ, and its failed gates."""
+    failed = ",".join(str(g.get("gate")) for g in gates_of(rec) if g.get("result") != "pass")
+    at, tenant = str(rec.get("evaluated_at")), str(rec.get("tenant"))[:12]
+    req, donor = str(rec.get("request_id"))[:14], str(rec.get("donor_id"))[:14]
+    tokens, decision = count_of(rec, "approved_tokens"), str(rec.get("decision"))[:8]
+    if is_shadow(rec):
+        live, live_id = rec.get("live_decision"), rec.get("live_decision_id")
+        what = f"{decision}, live {'none' if live is None else live}"
+        what += f" {live_id}" if live_id is not None else ""
+        what += " DISAGREE" if disagreement(rec) is not None else ""
+        failed = what + (f"; failed {failed}" if failed else "")
+        decision = "shadow"
+    return f"{i:>7}  {at:<20}  {decision:<8}  {tenant:<12}  {req:<14}  {donor:<14}  {tokens:>6}  {failed}\n"
+
+
 def run_show(args: argparse.Namespace) -> int:
     flt = _filter(args)
-    n = events = 0
+    seen: Counter[str] = Counter()
     out = sys.stdout
     if args.format == "table":
         out.write(f"{'index':>7}  {'evaluated_at':<20}  {'decision':<8}  {'tenant':<12}  {'request':<14}  "
@@ -282,36 +330,38 @@ def run_show(args: argparse.Namespace) -> int:
         event = is_event(rec)
         if args.format == "jsonl":
             out.write(json.dumps({"index": i, **rec}, separators=(",", ":")) + "\n")
-        elif event:
-            # NOTE: an engine event: "event" in the decision column, its materialized tokens, and
-            # kind, decision id and detail in the last column.
-            at, tokens = record_time(rec), count_of(rec, "materialized_tokens")
-            req, donor = (str(rec.get(k) or "-")[:14] for k in ("request_id", "donor_id"))
-            what = str(rec.get("kind"))
-            if rec.get("decision_id") is not None:
-                what += f" decision {rec['decision_id']}"
-            if rec.get("detail"):
-                what += f" {str(rec['detail'])[:80]}"
-            out.write(f"{i:>7}  {at:<20}  {'event':<8}  {'-':<12}  {req:<14}  "
-                      f"{donor:<14}  {tokens:>6}  {what}\n")  # fmt: skip
         else:
-            failed = ",".join(str(g.get("gate")) for g in gates_of(rec) if g.get("result") != "pass")
-            at, tenant = str(rec.get("evaluated_at")), str(rec.get("tenant"))[:12]
-            req, donor = str(rec.get("request_id"))[:14], str(rec.get("donor_id"))[:14]
-            tokens, decision = count_of(rec, "approved_tokens"), str(rec.get("decision"))[:8]
-            out.write(f"{i:>7}  {at:<20}  {decision:<8}  {tenant:<12}  {req:<14}  "
-                      f"{donor:<14}  {tokens:>6}  {failed}\n")  # fmt: skip
-        n += 1
-        events += event
-        if args.limit is not None and n >= args.limit:
+            out.write(_event_row(i, rec) if event else _decision_row(i, rec))
+        seen["event" if event else "shadow" if is_shadow(rec) else "decision"] += 1
+        if args.limit is not None and seen.total() >= args.limit:
             break
     if args.format == "table":
-        out.write(f"{n - events} decision(s)" + (f", {events} engine event(s)" if events else "") + "\n")
+        parts = [f"{seen['decision']} decision(s)"]
+        parts += [
+            f"{seen[k]} {w}(s)"
+            for k, w in (("event", "engine event"), ("shadow", "shadow decision"))
+            if seen[k]
+        ]
+        out.write(", ".join(parts) + "\n")
     return 0
 
 
 def _counts(c: Counter[str]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(c.items()))
+
+
+def _shadow_lines(st: Stats) -> str:
+    """The shadow section of ``stats`` (nothing without shadow decisions)."""
+    sh = st.shadow
+    n = sh.decisions.total()
+    if not n:
+        return ""
+    d = sh.disagreements.total()
+    text = f"{n} shadow decisions (never acted on): {_counts(sh.decisions)}"
+    text += f" ({sh.without_live} without a live decision)\n" if sh.without_live else "\n"
+    text += f"shadow disagreements with live: {d} of {n} ({100 * d / n:.1f}%)"
+    text += f": {_counts(sh.disagreements)} (live->shadow)\n" if d else "\n"
+    return text + "shadow policies: " + ", ".join(f"{k} x{v}" for k, v in sh.policies.most_common()) + "\n"
 
 
 def run_stats(args: argparse.Namespace) -> int:
@@ -322,16 +372,18 @@ def run_stats(args: argparse.Namespace) -> int:
     w(f"{st.event_kinds.total()} engine events: {_counts(st.event_kinds)} "
       f"({st.materialized_tokens} tokens materialized)\n")  # fmt: skip
     w("policies: " + ", ".join(f"{k} x{v}" for k, v in st.engines.most_common()) + "\n")
+    w(_shadow_lines(st))
     w(f"\n{'gate':<20}{'fail':>8}{'error':>8}\n")
     for g in GATES:
         w(f"{g:<20}{st.gate_fail[g]:>8}{st.gate_error[g]:>8}\n")
     w(f"\n{'tenant':<14}{'namespace':<32}{'approved tokens':>16}\n")
     for (tenant, ns), tokens in sorted(st.approved_tokens.items()):
         w(f"{tenant[:13]:<14}{ns[:31]:<32}{tokens:>16}\n")
-    w(f"\n{args.by:<16}{'allow':>8}{'deny':>8}{'events':>8}\n")
+    # NOTE: a shadow column only where there are shadow decisions (the table is unchanged without)
+    cols = ("allow", "deny", "event", *(("shadow",) if st.shadow.decisions else ()))
+    w(f"\n{args.by:<16}" + "".join(f"{'events' if c == 'event' else c:>8}" for c in cols) + "\n")
     for period in sorted(st.by_period):
-        c = st.by_period[period]
-        w(f"{period:<16}{c['allow']:>8}{c['deny']:>8}{c['event']:>8}\n")
+        w(f"{period:<16}" + "".join(f"{st.by_period[period][c]:>8}" for c in cols) + "\n")
     return 0
 
 
@@ -363,6 +415,11 @@ def run_verify_proof(args: argparse.Namespace) -> int:
         log.get_logger().error(f"{args.bundle}: proof does NOT verify: {e}")
         return 1
     where = f"record {bundle['index']} of the log at size {bundle['tree_size']}"
+    if rec.get("schema") == SHADOW_DECISION_SCHEMA:
+        what = f"{rec.get('decision')}, request {rec.get('request_id')}, donor {rec.get('donor_id')}"
+        print(f"OK: SHADOW decision {rec.get('decision_id')} ({what}; never acted on, live decision "
+              f"{rec.get('live_decision_id')}: {rec.get('live_decision')}) is {where}")  # fmt: skip
+        return 0
     if rec.get("schema") in ENGINE_EVENT_SCHEMAS:
         what = f"{rec.get('kind')}, request {rec.get('request_id')}, decision {rec.get('decision_id')}"
         print(f"OK: engine event {rec.get('event_id')} ({what}) is {where}")

@@ -24,7 +24,8 @@ from semgov.wire.timefmt import parse_rfc3339
 
 DESCRIPTION = """\
 Evaluate every donor candidate of every captured request (JSON Lines, '.gz' ok,
-'-' for stdin) against a policy, and sign each decision.
+'-' for stdin, or a capture directory: its *.jsonl and *.jsonl.gz files in name
+order, as one stream) against a policy, and sign each decision.
 
 The decision clock is each request's received_at unless --now is given.
 --format table prints a summary (allow/deny counts, deny reasons by gate);
@@ -71,7 +72,12 @@ def register(sub: Any) -> None:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("captured", metavar="CAPTURED.jsonl", help="captured requests, one JSON object per line")
+    p.add_argument(
+        "captured",
+        metavar="CAPTURED",
+        help="captured requests, one JSON object per line: a .jsonl or .jsonl.gz file, '-' for stdin, or a "
+        "capture directory (its *.jsonl and *.jsonl.gz files in name order, e.g. a CaptureWriter's)",
+    )
     p.add_argument(
         "--policy",
         required=True,

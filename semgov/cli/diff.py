@@ -25,7 +25,8 @@ DIFF_SCHEMA = "semgov.policy_diff/v1"
 
 DESCRIPTION = """\
 Decide every donor candidate of every captured request (JSON Lines, '.gz' ok, '-'
-for stdin) under policy A and under policy B, and report what changes:
+for stdin, or a capture directory: its *.jsonl and *.jsonl.gz files in name order,
+as one stream) under policy A and under policy B, and report what changes:
 
   flipped   the decision changed: allow->deny or deny->allow
   spans     both allow, but the approved spans (what the engine copies) differ
@@ -50,7 +51,12 @@ def register(sub: Any) -> None:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("captured", metavar="CAPTURED.jsonl", help="captured requests, one JSON object per line")
+    p.add_argument(
+        "captured",
+        metavar="CAPTURED",
+        help="captured requests, one JSON object per line: a .jsonl or .jsonl.gz file, '-' for stdin, or a "
+        "capture directory (its *.jsonl and *.jsonl.gz files in name order, e.g. a CaptureWriter's)",
+    )
     p.add_argument(
         "--policy",
         action="append",

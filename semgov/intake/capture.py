@@ -18,8 +18,8 @@ import io
 import json
 import re
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -32,6 +32,8 @@ from semgov.wire.models import CapturedRequest
 # The default (setting: SEMGOV_MAX_LINE_BYTES, semgov check --max-line-bytes).
 MAX_LINE_BYTES = Limits().max_line_bytes
 _SKIP_CHUNK = 1 << 20
+# The files a capture directory is read from (semgov.intake.capture_writer writes *.jsonl).
+CAPTURE_SUFFIXES = (".jsonl", ".jsonl.gz")
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,28 +277,87 @@ def _lines(f: IO[bytes], limit: int) -> Iterator[tuple[bytes, int | None]]:
         yield raw, size
 
 
+def _read_file(
+    f: IO[bytes], lim: Limits, first: int = 0, label: str | None = None
+) -> Generator[CapturedRequest | MalformedLine, None, int]:
+    """The items of one open file, numbered from ``first + 1``; returns the last line number. A read
+    error ends the file with one MalformedLine ("cannot read further"). With a ``label``, each
+    malformed line's reason starts with ``"{label} line {n}: "`` (``n`` counted in this file)."""
+    n = first
+    try:
+        for raw, over in _lines(f, lim.max_line_bytes):
+            n += 1
+            if over is not None:
+                item: CapturedRequest | MalformedLine = _salvage_prefix(
+                    raw[: lim.max_line_bytes], n, _too_long(over, lim)
+                )
+            elif raw.strip():
+                item = parse_line(raw, n, limits=lim)
+            else:
+                continue
+            yield _labelled(item, label, n - first)
+    except (OSError, EOFError, gzip.BadGzipFile, io.UnsupportedOperation) as e:
+        n += 1
+        yield _labelled(MalformedLine(n, f"cannot read further: {e}", None, "", "", ()), label, n - first)
+    return n
+
+
+def _labelled(
+    item: CapturedRequest | MalformedLine, label: str | None, n: int
+) -> CapturedRequest | MalformedLine:
+    if label is None or not isinstance(item, MalformedLine):
+        return item
+    return replace(item, reason=f"{label} line {n}: {item.reason}")
+
+
+def capture_files(directory: str | Path) -> list[Path]:
+    """A capture directory's ``*.jsonl`` and ``*.jsonl.gz`` files, in name order (:class:`InputError`
+    when it has none or cannot be listed)."""
+    d = Path(directory)
+    try:
+        files = sorted(
+            (p for p in d.iterdir() if p.name.endswith(CAPTURE_SUFFIXES) and p.is_file()),
+            key=lambda p: p.name,
+        )
+    except OSError as e:
+        raise InputError(f"cannot list: {e.strerror}", source=str(d)) from e
+    if not files:
+        raise InputError(f"no capture files ({', '.join('*' + s for s in CAPTURE_SUFFIXES)}) in {d}")
+    return files
+
+
+def _read_directory(directory: str | Path, lim: Limits) -> Iterator[CapturedRequest | MalformedLine]:
+    """Every capture file of ``directory`` as one stream (line numbers count across the files)."""
+    offset = 0
+    for path in capture_files(directory):
+        f = _open(str(path))
+        try:
+            offset = yield from _read_file(f, lim, offset, path.name)
+        finally:
+            f.close()
+
+
 def read_captured(
     path: str | Path, *, limits: Limits | None = None
 ) -> Iterator[CapturedRequest | MalformedLine]:
     """Yield each non-blank line of a captured JSONL file (``-`` for stdin, ``.gz`` ok).
+
+    A directory is read as one stream: its ``*.jsonl`` and ``*.jsonl.gz`` files in name order
+    (what :class:`~semgov.intake.capture_writer.CaptureWriter` writes), line numbers counting
+    across the files, each :class:`MalformedLine` reason starting with ``"{file name} line {n}: "``;
+    a directory without such a file is an :class:`InputError`.
 
     ``limits`` (default: :meth:`Limits.from_env`): a line over ``max_line_bytes`` is a
     :class:`MalformedLine` and is never held in memory beyond that many bytes.
     """
     lim = resolve(limits)
     name = str(path)
+    if name != "-" and Path(name).is_dir():
+        yield from _read_directory(name, lim)
+        return
     f = _open(name)
     try:
-        n = 0
-        try:
-            for raw, over in _lines(f, lim.max_line_bytes):
-                n += 1
-                if over is not None:
-                    yield _salvage_prefix(raw[: lim.max_line_bytes], n, _too_long(over, lim))
-                elif raw.strip():
-                    yield parse_line(raw, n, limits=lim)
-        except (OSError, EOFError, gzip.BadGzipFile, io.UnsupportedOperation) as e:
-            yield MalformedLine(n + 1, f"cannot read further: {e}", None, "", "", ())
+        yield from _read_file(f, lim)
     finally:
         if f is not sys.stdin.buffer:
             f.close()

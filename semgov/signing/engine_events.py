@@ -3,8 +3,8 @@
 An engine hook emits one ``semgov.engine_event/v2`` record per KV realization (the decision
 that allowed it, the tokens materialized, the KV-pool slots written), per realization that
 failed, per invariant violation it caught, when it disables reuse, per canary comparison and
-when canaries turn shifted reuse off for a scope (v1 records, without the last two kinds, still
-verify). Records are signed
+when canaries turn shifted reuse off for a scope, and when a running engine reloads its policy
+(or fails to): v1 records, which have none of the last four kinds, still verify. Records are signed
 exactly like decision records (Ed25519 over the RFC 8785 canonical JSON of the record without
 ``signature``) and share the audit log with them.
 """
@@ -107,8 +107,8 @@ def engine_event(
     """A validated, unsigned ``semgov.engine_event/v2`` record as JSON data.
 
     ``kind``: ``realization``, ``realization_failed``, ``invariant_violation``,
-    ``reuse_disabled``, ``canary`` or ``shifted_reuse_disabled`` (checked here, like every other
-    field).
+    ``reuse_disabled``, ``canary``, ``shifted_reuse_disabled``, ``policy_loaded`` or
+    ``policy_load_failed`` (checked here, like every other field).
 
     ``slots`` are the KV-pool slot indices written, one per token, in order; they are stored
     compressed (:func:`slot_ranges`). ``spans`` are the realized ``{recipient_start,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import ValidationError
@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from semgov.errors import SignatureError
 from semgov.signing.canonical import canonicalize, canonicalize_record, with_member
 from semgov.signing.keys import SigningKey, key_id_for, verify_signature
-from semgov.wire.models import DecisionRecord
+from semgov.wire.models import DecisionFields, DecisionRecord
 from semgov.wire.strictjson import StrictJSONError
 from semgov.wire.strictjson import loads as strict_loads
 
@@ -40,6 +40,8 @@ def sign_record_canonical(unsigned: dict[str, Any], key: SigningKey) -> tuple[di
 # dates, spaces for ``T`` and zoneless times).
 _RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[Zz]|[+-]\d{2}:\d{2})")
 
+R = TypeVar("R", bound=DecisionFields)
+
 
 def verify_record(record: dict[str, Any], public_key: Ed25519PublicKey) -> DecisionRecord:
     """Check shape, key id and signature of one decision record; return it typed.
@@ -48,24 +50,28 @@ def verify_record(record: dict[str, Any], public_key: Ed25519PublicKey) -> Decis
     across JSON types (``"5"`` or ``true`` is not an integer) and ``evaluated_at`` is an RFC 3339
     timestamp with a zone. Raises :class:`SignatureError` naming the problem.
     """
+    return verify_record_as(record, public_key, DecisionRecord, "decision record")
+
+
+def verify_record_as(record: dict[str, Any], public_key: Ed25519PublicKey, model: type[R], what: str) -> R:
+    """:func:`verify_record` for any signed decision record type ``model`` (a live decision, a
+    shadow decision); ``what`` names it in the messages (``not a {what}: ...``)."""
     try:
         text = json.dumps(record, allow_nan=False, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as e:
-        raise SignatureError("not a decision record: a string holds a lone surrogate") from e
+        raise SignatureError(f"not a {what}: a string holds a lone surrogate") from e
     except (TypeError, ValueError, RecursionError) as e:
-        raise SignatureError(f"not a decision record: not JSON data ({e})") from e
+        raise SignatureError(f"not a {what}: not JSON data ({e})") from e
     try:
         # by_name=False: the wire name is "schema"; the Python name "schema_" is not a member.
-        typed = DecisionRecord.model_validate_json(text, strict=True, by_alias=True, by_name=False)
+        typed = model.model_validate_json(text, strict=True, by_alias=True, by_name=False)
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
         loc = ".".join(str(p) for p in err["loc"])
-        raise SignatureError(f"not a decision record: {loc + ': ' if loc else ''}{err['msg']}") from e
+        raise SignatureError(f"not a {what}: {loc + ': ' if loc else ''}{err['msg']}") from e
     at = record.get("evaluated_at")
     if not isinstance(at, str) or not _RFC3339.fullmatch(at):
-        raise SignatureError(
-            f"not a decision record: evaluated_at: {at!r} is not an RFC 3339 date-time with a zone"
-        )
+        raise SignatureError(f"not a {what}: evaluated_at: {at!r} is not an RFC 3339 date-time with a zone")
     expected = key_id_for(public_key)
     if typed.key_id != expected:
         raise SignatureError(f"signed by key {typed.key_id!r}, but the given public key is {expected!r}")
@@ -73,7 +79,7 @@ def verify_record(record: dict[str, Any], public_key: Ed25519PublicKey) -> Decis
     try:
         message = canonicalize(body)
     except ValueError as e:  # rfc8785: integers beyond 2**53, lone surrogates
-        raise SignatureError(f"not a decision record: no RFC 8785 form ({e})") from e
+        raise SignatureError(f"not a {what}: no RFC 8785 form ({e})") from e
     if not verify_signature(public_key, typed.signature, message):
         raise SignatureError("signature does not verify: the record was altered or signed by another key")
     return typed

@@ -31,6 +31,7 @@ DECISION_SCHEMA = "semgov.decision/v2"
 # NOTE: every decision schema semgov reads; v1 records (no realization plan) still verify.
 DECISION_SCHEMAS = ("semgov.decision/v1", DECISION_SCHEMA)
 POLICY_INPUT_SCHEMA = "semgov.policy_input/v1"
+SHADOW_DECISION_SCHEMA = "semgov.shadow_decision/v1"
 ENGINE_EVENT_SCHEMA = "semgov.engine_event/v2"
 # NOTE: every engine event schema semgov reads; v1 records (the four original kinds) still verify.
 ENGINE_EVENT_SCHEMAS = ("semgov.engine_event/v1", ENGINE_EVENT_SCHEMA)
@@ -279,14 +280,12 @@ class PolicyRef(_Strict):
     engine: str
 
 
-class DecisionRecord(_Strict):
-    """Signed outcome of evaluating one donor candidate for one request.
+class DecisionFields(_Strict):
+    """The fields of every decision record, live (:class:`DecisionRecord`) or shadow
+    (:class:`ShadowDecisionRecord`), in their wire order; not a record itself: each subclass
+    narrows ``schema`` to its own ids."""
 
-    ``semgov.decision/v2`` (written since the quality plan): every approved span states
-    ``recompute``; ``semgov.decision/v1`` (older logs): spans without it, read and verified as they are.
-    """
-
-    schema_: Literal["semgov.decision/v1", "semgov.decision/v2"] = Field(alias="schema")
+    schema_: str = Field(alias="schema")
     decision_id: str
     request_id: str
     tenant: str
@@ -304,6 +303,17 @@ class DecisionRecord(_Strict):
 
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True, populate_by_name=True)
 
+
+class DecisionRecord(DecisionFields):
+    """Signed outcome of evaluating one donor candidate for one request.
+
+    ``semgov.decision/v2`` (written since the quality plan): every approved span states
+    ``recompute``; ``semgov.decision/v1`` (older logs): spans without it, read and verified as they are.
+    """
+
+    # NOTE: a subclass's field keeps its base's place: the record's field order (and schema) is unchanged.
+    schema_: Literal["semgov.decision/v1", "semgov.decision/v2"] = Field(alias="schema")
+
     @model_validator(mode="after")
     def _plan_by_version(self) -> DecisionRecord:
         planned = self.schema_ == DECISION_SCHEMA
@@ -311,6 +321,32 @@ class DecisionRecord(_Strict):
             if isinstance(s, PlannedSpan) != planned:
                 need = "states `recompute`" if planned else "has no `recompute`"
                 raise ValueError(f"approved_spans.{i}: a {self.schema_} span {need}")
+        return self
+
+
+class ShadowDecisionRecord(DecisionFields):
+    """Signed outcome of a *shadow* policy for one donor candidate of one request: decided by a
+    shadow policy alongside the live one, audited, and never acted on.
+
+    The fields of a ``semgov.decision/v2`` record (every approved span states ``recompute``) under
+    its own schema id, so that it can never be taken for a live decision, plus the live policy's
+    decision of the same request and donor: ``live_decision_id`` (its ``decision_id``) and
+    ``live_decision`` (its outcome), both null when the live policy made none. The shadow
+    disagrees with the live policy when ``decision != live_decision`` (no live decision counts as a
+    deny: nothing was reused).
+    """
+
+    schema_: Literal["semgov.shadow_decision/v1"] = Field(alias="schema")
+    # NOTE: narrower than the base's list[PlannedSpan | Span] (shadow records have the v2 shape only);
+    # a list is invariant, so mypy sees an incompatible override, which pydantic validates as declared.
+    approved_spans: list[PlannedSpan]  # type: ignore[assignment]
+    live_decision_id: str | None
+    live_decision: Literal["allow", "deny"] | None
+
+    @model_validator(mode="after")
+    def _live_pair(self) -> ShadowDecisionRecord:
+        if (self.live_decision_id is None) != (self.live_decision is None):
+            raise ValueError("live_decision_id and live_decision are both null or both set")
         return self
 
 
@@ -323,6 +359,8 @@ EngineEventKind = Literal[
     "reuse_disabled",
     "canary",
     "shifted_reuse_disabled",
+    "policy_loaded",
+    "policy_load_failed",
 ]
 # The kinds a ``semgov.engine_event/v1`` record may have (v2 added the canary's two).
 V1_EVENT_KINDS = frozenset({"realization", "realization_failed", "invariant_violation", "reuse_disabled"})
@@ -345,7 +383,11 @@ class EngineEvent(_Strict):
     a realized request with shifted spans was replayed cold and compared (``materialized_tokens``:
     the output tokens compared; ``detail``: match, or where they differ); ``shifted_reuse_disabled``:
     canaries found more regressions than the budget for a task and response contract, and the
-    engine stopped copying shifted spans there (``detail`` names the scope).
+    engine stopped copying shifted spans there (``detail`` names the scope); ``policy_loaded``:
+    the engine reloaded its live or shadow policy (or keyring) while running, and decides with it
+    from its next decision on (``detail``: which one, its ``name@version`` and revision, and the
+    revision it replaced); ``policy_load_failed``: such a reload failed and the engine kept deciding
+    with the policy it had (``detail``: why, and the revision kept).
     """
 
     schema_: Literal["semgov.engine_event/v1", "semgov.engine_event/v2"] = Field(alias="schema")

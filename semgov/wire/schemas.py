@@ -7,13 +7,20 @@ import json
 from pydantic import BaseModel
 
 from semgov.policy.yaml.model import Policy
-from semgov.wire.models import CapturedRequest, DecisionRecord, EngineEvent, ProvenancePayload
+from semgov.wire.models import (
+    CapturedRequest,
+    DecisionRecord,
+    EngineEvent,
+    ProvenancePayload,
+    ShadowDecisionRecord,
+)
 from semgov.wire.policy_input import json_schema as policy_input_schema
 
 SCHEMAS: dict[str, tuple[type[BaseModel], str, str]] = {
     "captured_request.schema.json": (CapturedRequest, "validation", "semgov.captured_request/v1"),
     "provenance.schema.json": (ProvenancePayload, "validation", "semgov.provenance/v1"),
     "decision.schema.json": (DecisionRecord, "serialization", "semgov.decision/v2"),
+    "shadow_decision.schema.json": (ShadowDecisionRecord, "serialization", "semgov.shadow_decision/v1"),
     "engine_event.schema.json": (EngineEvent, "serialization", "semgov.engine_event/v2"),
     "policy.schema.json": (Policy, "validation", "semgov policy.yaml"),
 }

@@ -120,7 +120,10 @@ def test_rehashed_event_edit_fails_its_signature(log: Path) -> None:
     assert any(p.index == 4 and p.message == "engine event signature does not verify" for p in rep.problems)
 
 
-KNOWN = "semgov.decision/v1, semgov.decision/v2, semgov.engine_event/v1, semgov.engine_event/v2"
+KNOWN = (
+    "semgov.decision/v1, semgov.decision/v2, semgov.shadow_decision/v1, semgov.engine_event/v1, "
+    "semgov.engine_event/v2"
+)
 
 
 def test_unknown_schema_is_a_problem(log: Path) -> None:

@@ -115,6 +115,28 @@ def test_missing_input_and_bad_now(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--now" in capsys.readouterr().err
 
 
+def test_check_capture_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`semgov check DIR` reads the directory's capture files in name order as one stream."""
+    first, bad, last = SMALL.read_text().splitlines()
+    d = tmp_path / "cap"
+    d.mkdir()
+    (d / "capture-2.jsonl").write_text(bad + "\n" + last + "\n")
+    (d / "capture-1.jsonl").write_text(first + "\n")
+    (d / "README.txt").write_text("not a capture\n")
+    rc = main(["check", str(d), *BASE, "--expect"])
+    out, err = capsys.readouterr()
+    assert rc == 2
+    assert f"{d}:2: skipped malformed request: capture-2.jsonl line 1: " in err
+    assert "requests 3 (1 malformed)" in out and "expectations: 3 checked, 0 mismatches" in out
+    (d / "capture-2.jsonl").write_text(last + "\n")
+    assert main(["check", str(d), *BASE, "--expect"]) == 0
+    assert "requests 2 (0 malformed)" in capsys.readouterr().out
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["check", str(empty), *BASE]) == 2
+    assert f"no capture files (*.jsonl, *.jsonl.gz) in {empty}" in capsys.readouterr().err
+
+
 def test_keys_generate_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """keys generate writes the pair and prints the key id; a second run refuses to overwrite."""
     assert main(["keys", "generate", "--out", str(tmp_path / "k")]) == 0

@@ -125,6 +125,24 @@ def test_diff_json_equals_an_independent_comparison_of_two_checks(
     assert doc["policies"]["b"]["path"] == str(strict) and doc["schema"] == "semgov.policy_diff/v1"
 
 
+def test_diff_of_a_capture_directory_equals_the_file(
+    captured: Path, strict: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same requests split over a capture directory's files give the same diff as the one file."""
+    lines = captured.read_text().splitlines(keepends=True)
+    d = tmp_path / "cap"
+    d.mkdir()
+    for i in range(0, len(lines), 60):
+        (d / f"capture-{i:06d}.jsonl").write_text("".join(lines[i : i + 60]))
+    docs = []
+    for src in (captured, d):
+        args = ["diff", str(src), "--policy", str(DEFAULT_POLICY_DIR), "--policy", str(strict)]
+        assert main([*args, "--trust", TRUST, "--format", "json"]) == 1
+        docs.append(json.loads(capsys.readouterr().out))
+    assert docs[0]["summary"] == docs[1]["summary"] and docs[0]["changes"] == docs[1]["changes"]
+    assert docs[1]["captured"] == str(d) and docs[1]["summary"]["requests"] == len(lines)
+
+
 def test_table_and_jsonl_agree_with_json(
     captured: Path, strict: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from semgov.errors import InputError
 from semgov.intake.capture import MalformedLine, parse_line, read_captured
 from semgov.wire.models import CapturedRequest
 from tests.conftest import Keys, candidate, request
@@ -83,3 +84,60 @@ def test_gzip_and_truncated_gzip(tmp_path: Path, keys: Keys) -> None:
     p.write_bytes(data[: len(data) // 2])
     items = list(read_captured(p))
     assert isinstance(items[-1], MalformedLine) and "cannot read further" in items[-1].reason
+
+
+def _dir_line(keys: Keys, rid: str) -> str:
+    return json.dumps(_line(keys, request_id=rid))
+
+
+def test_directory_is_one_stream_in_name_order(tmp_path: Path, keys: Keys) -> None:
+    """A directory's *.jsonl and *.jsonl.gz files are read in name order, other entries ignored."""
+    (tmp_path / "b.jsonl").write_text(_dir_line(keys, "r-b1") + "\n\n" + _dir_line(keys, "r-b2") + "\n")
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress((_dir_line(keys, "r-a1") + "\n").encode()))
+    (tmp_path / "c.jsonl").write_text(_dir_line(keys, "r-c1"))  # NOTE: no final newline
+    (tmp_path / "notes.txt").write_text("{not json\n")
+    (tmp_path / "d.json").write_text("{not json\n")
+    (tmp_path / "sub.jsonl").mkdir()
+    items = list(read_captured(tmp_path))
+    assert [i.request_id for i in items if isinstance(i, CapturedRequest)] == ["r-a1", "r-b1", "r-b2", "r-c1"]
+    assert not [i for i in items if isinstance(i, MalformedLine)]
+
+
+def test_directory_malformed_lines_count_across_files(tmp_path: Path, keys: Keys) -> None:
+    """Line numbers run on across the files; each reason names the file and its own line."""
+    good = _dir_line(keys, "r-1")
+    (tmp_path / "capture-1.jsonl").write_text(good + "\n\n{not json\n")
+    (tmp_path / "capture-2.jsonl").write_text(good + "\n" + good[: len(good) // 2])
+    items = list(read_captured(tmp_path))
+    bad = [i for i in items if isinstance(i, MalformedLine)]
+    assert [type(i).__name__ for i in items] == [
+        "CapturedRequest",
+        "MalformedLine",
+        "CapturedRequest",
+        "MalformedLine",
+    ]
+    assert [b.line for b in bad] == [3, 5]
+    assert bad[0].reason.startswith("capture-1.jsonl line 3: ")
+    assert bad[1].reason.startswith("capture-2.jsonl line 2: Invalid JSON")
+
+
+def test_directory_truncated_gzip_then_next_file(tmp_path: Path, keys: Keys) -> None:
+    """A truncated archive ends its own file with one malformed line; the next file is still read."""
+    good = (_dir_line(keys, "r-1") + "\n").encode()
+    data = gzip.compress(good * 50)
+    (tmp_path / "a.jsonl.gz").write_bytes(data[: len(data) // 2])
+    (tmp_path / "b.jsonl").write_bytes(good)
+    items = list(read_captured(tmp_path))
+    cut = [i for i in items if isinstance(i, MalformedLine)]
+    assert len(cut) == 1 and cut[0].reason.startswith("a.jsonl.gz line ")
+    assert "cannot read further" in cut[0].reason
+    assert isinstance(items[-1], CapturedRequest) and items[-1].request_id == "r-1"
+    assert cut[0].line == len(items) - 1 and f"line {cut[0].line}: " in cut[0].reason
+
+
+def test_directory_without_capture_files_is_an_input_error(tmp_path: Path) -> None:
+    """A directory with no *.jsonl / *.jsonl.gz file is an InputError naming it."""
+    (tmp_path / "notes.txt").write_text("x\n")
+    with pytest.raises(InputError, match=r"no capture files \(\*\.jsonl, \*\.jsonl\.gz\) in ") as e:
+        list(read_captured(tmp_path))
+    assert str(tmp_path) in str(e.value)

@@ -114,6 +114,18 @@ def test_budget_zero_turns_the_scope_off_at_the_first_regression_only_there() ->
     assert book.take_events() == []
 
 
+def test_a_new_live_revision_clears_what_canaries_found_under_the_old_one() -> None:
+    """A hot-reloaded policy revision turns the scopes back on, clears counts and the queue; the
+    revision in force is a no-op, and the state then names the new revision."""
+    book = CanaryBook(CanarySettings(budget=0), "rev1")
+    assert book.record(_canary(), [5, 6, 8], None, "t1")
+    assert book.offer(_canary(task=OTHER))
+    assert not book.new_revision("rev1") and book.disabled
+    assert book.new_revision("rev2")
+    assert (book.disabled, book.counts, book.pending()) == (frozenset(), {}, 0)
+    assert book.state()["policy_revision"] == "rev2" and book.offer(_canary())
+
+
 def test_a_budget_tolerates_that_many_regressions() -> None:
     """With budget 2 the third regression turns the scope off, and only once."""
     book = CanaryBook(CanarySettings(budget=2), "rev1")

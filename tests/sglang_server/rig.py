@@ -607,6 +607,8 @@ class AuditSummary:
     failed: list[dict[str, Any]] = field(default_factory=list)
     violations: list[dict[str, Any]] = field(default_factory=list)
     canaries: list[dict[str, Any]] = field(default_factory=list)  # canary and shifted_reuse_disabled
+    reloads: list[dict[str, Any]] = field(default_factory=list)  # policy_loaded and policy_load_failed
+    shadows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # by request id
     counts: dict[str, int] = field(default_factory=dict)
 
     def allowed(self, rid: str) -> int:
@@ -636,6 +638,11 @@ def summarize(records: list[dict[str, Any]]) -> AuditSummary:
                 s.violations.append(r)
             elif kind in ("canary", "shifted_reuse_disabled"):
                 s.canaries.append(r)
+            elif kind in ("policy_loaded", "policy_load_failed"):
+                s.reloads.append(r)
+        elif schema == "semgov.shadow_decision/v1":
+            s.shadows.setdefault(str(r["request_id"]), []).append(r)
+            key = f"shadow:{r['decision']}"
         else:
             key = f"other:{schema}"
         s.counts[key] = s.counts.get(key, 0) + 1

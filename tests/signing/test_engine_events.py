@@ -245,7 +245,10 @@ def test_not_an_event(keys: Keys) -> None:
     with pytest.raises(SignatureError, match="not an engine event"):
         verify_engine_event({"hello": 1}, keys.decision.public_key)
     other = canonicalize({**_signed(keys).record, "schema": "semgov.engine_event/v3"})
-    known = "semgov.decision/v1, semgov.decision/v2, semgov.engine_event/v1, semgov.engine_event/v2"
+    known = (
+        "semgov.decision/v1, semgov.decision/v2, semgov.shadow_decision/v1, semgov.engine_event/v1, "
+        "semgov.engine_event/v2"
+    )
     expect = f"not a {known} record"
     assert record_problem(other, keys.decision.public_key, keys.decision.key_id) == expect
     assert record_problem(b'{"schema":[]}', keys.decision.public_key, keys.decision.key_id) == expect

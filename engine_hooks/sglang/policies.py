@@ -1,0 +1,335 @@
+"""The hook's policies: the live one, an optional shadow one, and their reload between decisions.
+
+- :class:`LoadedPolicy` is one policy (``SEMGOV_POLICY`` or ``SEMGOV_SHADOW_POLICY``) loaded with
+  the trust keyring into an :class:`~semgov.decide.Evaluator`.
+- :class:`HookPolicies` is what decides, wherever the hook decides (the decision thread of the
+  scheduler process, or the decision process): :meth:`HookPolicies.decide_live` makes the signed
+  decisions the engine acts on; :meth:`HookPolicies.decide_shadow` decides the same request under
+  the shadow policy into ``semgov.shadow_decision/v1`` records, audited and never acted on; the
+  request is then offered to the live capture (``SEMGOV_CAPTURE_DIR``), sampled.
+- :meth:`HookPolicies.reload` reads the policies and the keyring again (on SIGHUP or a file change,
+  :mod:`engine_hooks.sglang.reload`). Each is built completely before it replaces the one in
+  force; one that fails to load leaves the old one deciding. Every outcome that changed something
+  or failed is a :class:`ReloadOutcome`, audited as a ``policy_loaded`` / ``policy_load_failed``
+  engine event.
+
+NOTE: invariants:
+- ``decide_*`` and ``reload`` run on one thread (the decision thread, or the decision process's
+  main loop), so a reload lands between two decisions, never inside one: every decision is made,
+  and its record names (``policy.revision``), exactly one revision.
+- Other threads (a registration thread) read ``live`` once per use and keep that object: swapping
+  the attribute is the whole reload.
+- The shadow policy never changes what the engine does: its records are a separate schema, and
+  :meth:`decide_shadow` runs after the live decisions are handed over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+from engine_hooks.sglang.context import RequestContext
+from engine_hooks.sglang.donors import DonorEntry, prompt_of
+from engine_hooks.sglang.settings import HookConfigError, HookSettings
+from semgov.decide import Evaluator
+from semgov.errors import SemgovError
+from semgov.facts.pii import PiiScanner
+from semgov.intake.capture_writer import CaptureWriter
+from semgov.log import get_logger
+from semgov.policy.engine import PolicySource
+from semgov.policy.source import load_policy_source, make_engine
+from semgov.signing.keys import Keyring, SigningKey
+from semgov.signing.shadow import shadow_record
+from semgov.typing import SignedDecision
+from semgov.wire.models import CAPTURED_REQUEST_SCHEMA, Candidate, CapturedRequest
+
+Role = Literal["live", "shadow"]
+
+
+def load_trust(settings: HookSettings, own: SigningKey) -> Keyring:
+    """The keyring decisions are verified with: it must hold the hook's own key."""
+    keyring = Keyring.load(settings.trust)
+    if keyring.get(own.key_id) is None:
+        raise HookConfigError(
+            f"SEMGOV_TRUST={settings.trust} does not hold the hook's own key {own.key_id} "
+            f"(SEMGOV_SIGNING_KEY): donors the hook registers could never be verified"
+        )
+    return keyring
+
+
+def _file_digest(path: Path) -> str:
+    try:
+        return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as e:
+        raise HookConfigError(f"{path}: cannot read ({e.strerror})") from e
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedPolicy:
+    """One policy loaded for deciding: its source and the evaluator that decides with it."""
+
+    role: Role
+    path: Path
+    source: PolicySource
+    evaluator: Evaluator
+
+    @property
+    def version(self) -> str:
+        """``name@version``: what a donor's provenance names, and the version gate compares."""
+        return f"{self.source.name}@{self.source.version}"
+
+    @property
+    def revision(self) -> str:
+        return self.source.revision
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadOutcome:
+    """What one reload did to one policy (audited as an engine event; ``detail`` says it all)."""
+
+    role: Role
+    ok: bool
+    version: str  # in force after the reload
+    revision: str  # in force after the reload
+    previous_version: str
+    previous_revision: str
+    keyring: str  # digest of the trust keyring in force after the reload
+    error: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return "policy_loaded" if self.ok else "policy_load_failed"
+
+    @property
+    def detail(self) -> str:
+        if not self.ok:
+            return (
+                f"{self.role} policy not reloaded: {self.error}; still deciding with "
+                f"{self.version} revision {self.revision}"
+            )[:2000]
+        return (
+            f"{self.role} policy {self.version} revision {self.revision} (keyring {self.keyring}); "
+            f"replaced {self.previous_version} revision {self.previous_revision}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LiveDecided:
+    """The live decisions of one request, and the request they were made on (for the shadow)."""
+
+    request: CapturedRequest
+    decisions: list[SignedDecision]
+    now: datetime
+
+
+def build_request(
+    now: datetime,
+    request_id: str,
+    ctx: RequestContext,
+    token_ids: Sequence[int],
+    text: str | None,
+    candidates: Sequence[tuple[DonorEntry, float]],
+) -> CapturedRequest:
+    """The ``semgov.captured_request/v1`` document one recipient is decided on (and captured as)."""
+    return CapturedRequest.model_validate(
+        {
+            "schema": CAPTURED_REQUEST_SCHEMA,
+            "request_id": request_id,
+            "received_at": now,
+            "tenant": ctx.tenant,
+            "namespace": ctx.namespace,
+            "task": ctx.task,
+            "response_contract": ctx.response_contract,
+            "prompt": prompt_of(token_ids, text, ctx),
+            "candidates": [
+                Candidate.model_validate(
+                    {
+                        "donor_id": d.donor_id,
+                        "similarity": sim,
+                        "prompt": d.prompt,
+                        "provenance": d.provenance,
+                    }
+                )
+                for d, sim in candidates
+            ],
+        }
+    )
+
+
+class HookPolicies:
+    """The live policy, the optional shadow policy, the keyring they verify with, and the capture."""
+
+    def __init__(
+        self,
+        settings: HookSettings,
+        key: SigningKey,
+        *,
+        capture: CaptureWriter | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings
+        self.key = key
+        self.capture = capture
+        self.rng = rng or random.Random()
+        self.keyring_digest = _file_digest(settings.trust)
+        keyring = load_trust(settings, key)
+        self.live = self._load("live", settings.policy, keyring, None)
+        self.shadow: LoadedPolicy | None = None
+        if settings.shadow_policy is not None:
+            try:
+                self.shadow = self._load(
+                    "shadow", settings.shadow_policy, keyring, self.live.evaluator.ctx.pii_scanner
+                )
+            except SemgovError as e:
+                raise HookConfigError(f"SEMGOV_SHADOW_POLICY={settings.shadow_policy}: {e}") from e
+
+    def _load(self, role: Role, path: Path, keyring: Keyring, scanner: PiiScanner | None) -> LoadedPolicy:
+        """Load one policy and build its evaluator (raises what loading raises)."""
+        source = load_policy_source(path)
+        engine = self.settings.engine if role == "live" else None
+        evaluator = Evaluator(
+            source,
+            keyring,
+            self.key,
+            engine=make_engine(source, engine or "auto"),
+            engine_timeout=self.settings.decision_timeout_ms / 1000,
+            pii_scanner=scanner,
+        )
+        return LoadedPolicy(role, path, source, evaluator)
+
+    # ---- deciding ----------------------------------------------------------------------------
+
+    def decide_live(
+        self,
+        now: datetime,
+        request_id: str,
+        ctx: RequestContext,
+        token_ids: Sequence[int],
+        text: str | None,
+        candidates: Sequence[tuple[DonorEntry, float]],
+    ) -> LiveDecided:
+        """One signed live decision per candidate (the evaluator denies on any candidate's error).
+
+        Raises only when the request itself cannot be built (the caller then decides nothing).
+        """
+        req = build_request(now, request_id, ctx, token_ids, text, candidates)
+        return LiveDecided(req, self.live.evaluator.evaluate(req, now=now), now)
+
+    def decide_shadow(self, live: LiveDecided) -> list[SignedDecision]:
+        """The shadow policy's records for the same request (none without one), then the capture.
+
+        Never raises: a shadow that fails records nothing (logged); the live path is already done.
+        """
+        out: list[SignedDecision] = []
+        shadow = self.shadow
+        if shadow is not None:
+            try:
+                by_donor = {d.donor_id: d for d in live.decisions}
+                for d in shadow.evaluator.evaluate(live.request, now=live.now):
+                    out.append(shadow_record(d, by_donor.get(d.donor_id), self.key))
+            except Exception as e:  # noqa: BLE001 - the shadow never affects serving
+                out = []
+                get_logger().warning(
+                    "semgov shadow decision failed",
+                    request_id=live.request.request_id,
+                    error=f"{type(e).__name__}: {e}",
+                )
+        self.offer_capture(live.request)
+        return out
+
+    def offer_capture(self, req: CapturedRequest) -> None:
+        """Hand one decided request to the capture, sampled at ``SEMGOV_CAPTURE_RATE`` (never blocks)."""
+        if self.capture is None:
+            return
+        rate = self.settings.capture_rate
+        if rate >= 1.0 or self.rng.random() < rate:
+            self.capture.offer(req)
+
+    # ---- reloading ---------------------------------------------------------------------------
+
+    def reload(self) -> list[ReloadOutcome]:
+        """Read the keyring and the policies again; replace each that loads and changed.
+
+        Returns an outcome for each policy that changed (new revision, or a new keyring) or failed
+        to load; nothing when the files say what is already in force.
+        """
+        try:
+            digest = _file_digest(self.settings.trust)
+            keyring = load_trust(self.settings, self.key) if digest != self.keyring_digest else None
+        except (OSError, SemgovError, ValueError) as e:
+            why = f"keyring {self.settings.trust}: {e}"
+            return [self._failed(p, why) for p in (self.live, self.shadow) if p is not None]
+        if keyring is not None:
+            self.keyring_digest = digest
+        out = []
+        for current in (self.live, self.shadow):
+            if current is None:
+                continue
+            outcome = self._reload_one(current, keyring)
+            if outcome is not None:
+                out.append(outcome)
+        return out
+
+    def _reload_one(self, current: LoadedPolicy, keyring: Keyring | None) -> ReloadOutcome | None:
+        """Reload one policy (with the new keyring, if there is one); None when nothing changed."""
+        try:
+            source = load_policy_source(current.path)
+        except (OSError, SemgovError, ValueError) as e:
+            return self._failed(current, f"{current.path}: {e}")
+        if source.revision == current.revision and keyring is None:
+            return None  # NOTE: the same bytes: nothing to do, nothing to audit
+        scanner = self.live.evaluator.ctx.pii_scanner
+        try:
+            new = self._load(current.role, current.path, keyring or current.evaluator.ctx.keyring, scanner)
+        except Exception as e:  # noqa: BLE001 - a policy that cannot be built keeps the old one
+            return self._failed(current, f"{current.path}: {type(e).__name__}: {e}")
+        if current.role == "live":
+            self.live = new
+        else:
+            self.shadow = new
+        return ReloadOutcome(
+            current.role,
+            True,
+            new.version,
+            new.revision,
+            current.version,
+            current.revision,
+            self.keyring_digest,
+        )
+
+    def _failed(self, current: LoadedPolicy, why: str) -> ReloadOutcome:
+        get_logger().error(
+            "semgov policy reload failed: keeping the policy in force",
+            role=current.role,
+            error=why[:500],
+            revision=current.revision,
+        )
+        return ReloadOutcome(
+            current.role,
+            False,
+            current.version,
+            current.revision,
+            current.version,
+            current.revision,
+            self.keyring_digest,
+            why,
+        )
+
+
+def open_capture(settings: HookSettings) -> CaptureWriter | None:
+    """The live capture (``SEMGOV_CAPTURE_DIR``), or None (raises :class:`HookConfigError` naming it)."""
+    if settings.capture_dir is None:
+        return None
+    try:
+        return CaptureWriter(
+            settings.capture_dir,
+            max_file_bytes=settings.capture_max_mb << 20,
+            keep_text=settings.capture_text,
+        )
+    except (OSError, SemgovError) as e:
+        raise HookConfigError(f"SEMGOV_CAPTURE_DIR={settings.capture_dir}: {e}") from e
