@@ -1320,7 +1320,7 @@ class PolicyInputTarget(Target):
     def run(self, data: bytes) -> Verdict:
         from semgov._internal.yamlload import load_yaml_with_lines
         from semgov.errors import PolicyError
-        from semgov.policy.testing import _input_adapter
+        from semgov.policy.testing import input_adapter
 
         v = Verdict()
         # What `semgov policy test` does with a case's document: read it with semgov's YAML
@@ -1334,7 +1334,7 @@ class PolicyInputTarget(Target):
         if isinstance(raw, PolicyError):
             v.reasons.append(norm(raw.message))
             return v
-        doc = call(_input_adapter().validate_python, raw[0], allowed=(ValidationError,))
+        doc = call(input_adapter().validate_python, raw[0], allowed=(ValidationError,))
         if isinstance(doc, ValidationError):
             err = doc.errors(include_url=False)[0]
             v.reasons.append(norm(f"invalid input: {'.'.join(map(str, err['loc']))}: {err['msg']}"))
@@ -1516,13 +1516,13 @@ class AuditFixture:
 
     @cached_property
     def allow_doc(self) -> Any:
-        from semgov.policy.testing import _input_adapter
+        from semgov.policy.testing import input_adapter
 
-        return _input_adapter().validate_python(self.allow_doc_json)
+        return input_adapter().validate_python(self.allow_doc_json)
 
     @cached_property
     def must_deny_docs(self) -> list[tuple[str, Any]]:
-        from semgov.policy.testing import _input_adapter
+        from semgov.policy.testing import input_adapter
 
         base = self.allow_doc_json
         patches = [
@@ -1530,7 +1530,7 @@ class AuditFixture:
             ("tokens fact error", {"facts": {"errors": {"tokens": "ValueError: boom"}}}),
             ("no verified spans", {"facts": {"tokens": {"spans": []}}}),
         ]
-        return [(label, _input_adapter().validate_python(deep_merge(base, p))) for label, p in patches]
+        return [(label, input_adapter().validate_python(deep_merge(base, p))) for label, p in patches]
 
 
 def _wait_state(d: Path, size: int) -> None:

@@ -19,22 +19,70 @@ fact computation) -> ``wire.policy_input`` -> ``policy`` (engines) -> ``decide``
 
 from __future__ import annotations
 
-from semgov.decide import Evaluator, SignedDecision
-from semgov.errors import InputError, KeyFileError, PolicyError, SemgovError, SignatureError
-from semgov.facts.tokens import as_tokens, token_hash
-from semgov.policy.source import load_policy_source, make_engine
-from semgov.policy.yaml.model import Policy, load_policy, parse_policy
-from semgov.signing.canonical import canonicalize
-from semgov.signing.keys import Keyring, SigningKey, generate_keypair, load_public_key, load_signing_key
-from semgov.signing.provenance import provenance_payload, sign_provenance
-from semgov.signing.records import sign_record, verify_record
-from semgov.wire.models import CapturedRequest, DecisionRecord
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from semgov.decide import Evaluator, SignedDecision
+    from semgov.errors import InputError, KeyFileError, PolicyError, SemgovError, SignatureError
+    from semgov.policy.source import load_policy_source, make_engine
+    from semgov.policy.yaml.model import Policy, load_policy, parse_policy
+    from semgov.signing.canonical import canonicalize
+    from semgov.signing.keys import Keyring, SigningKey, generate_keypair, load_public_key, load_signing_key
+    from semgov.signing.provenance import provenance_payload, sign_provenance
+    from semgov.signing.records import sign_record, verify_record
+    from semgov.wire.models import CapturedRequest, DecisionRecord
+
+# NOTE: the public names are imported on first use (PEP 562), so that `import semgov` and the
+# command line's --help and --version load none of the heavy dependencies.
+_EXPORTS: dict[str, str] = {
+    "Evaluator": "semgov.decide",
+    "SignedDecision": "semgov.decide",
+    "InputError": "semgov.errors",
+    "KeyFileError": "semgov.errors",
+    "PolicyError": "semgov.errors",
+    "SemgovError": "semgov.errors",
+    "SignatureError": "semgov.errors",
+    "load_policy_source": "semgov.policy.source",
+    "make_engine": "semgov.policy.source",
+    "Policy": "semgov.policy.yaml.model",
+    "load_policy": "semgov.policy.yaml.model",
+    "parse_policy": "semgov.policy.yaml.model",
+    "canonicalize": "semgov.signing.canonical",
+    "Keyring": "semgov.signing.keys",
+    "SigningKey": "semgov.signing.keys",
+    "generate_keypair": "semgov.signing.keys",
+    "load_public_key": "semgov.signing.keys",
+    "load_signing_key": "semgov.signing.keys",
+    "provenance_payload": "semgov.signing.provenance",
+    "sign_provenance": "semgov.signing.provenance",
+    "sign_record": "semgov.signing.records",
+    "verify_record": "semgov.signing.records",
+    "CapturedRequest": "semgov.wire.models",
+    "DecisionRecord": "semgov.wire.models",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'semgov' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
 
 __version__ = "0.1.0"
 
 
 def tokens_sha256(token_ids: list[int]) -> str:
     """SHA-256 hex of token ids as little-endian uint32 (provenance ``token_ids_sha256``)."""
+    from semgov.facts.tokens import as_tokens, token_hash
+
     return token_hash(as_tokens(token_ids))
 
 

@@ -30,12 +30,32 @@ from semgov.wire.models import DECISION_SCHEMA, Candidate, CapturedRequest, Prom
 from semgov.wire.policy_input import PolicyInput
 from semgov.wire.timefmt import rfc3339
 
-__all__ = ["Evaluator", "SignedDecision"]  # NOTE: SignedDecision is defined in semgov.typing
+__all__ = ["Evaluator", "SignedDecision", "refused_input"]  # NOTE: SignedDecision is in semgov.typing
+
+# The detail of every gate of a deny the evaluator makes for its input, not by deciding: a request
+# over the input limits, a malformed request line.
+OVER_LIMIT = "input limit exceeded: "
+MALFORMED = "malformed request ("
+
+
+def refused_input(record: dict[str, object]) -> bool:
+    """Whether a decision record is a deny for its input (over the limits, malformed), not a decision."""
+    gates = record.get("gates")
+    return (
+        isinstance(gates, list)
+        and bool(gates)
+        and all(
+            isinstance(g, dict)
+            and g.get("result") == "error"
+            and str(g.get("detail", "")).startswith((OVER_LIMIT, MALFORMED))
+            for g in gates
+        )
+    )
 
 
 def _over_limit(reason: str) -> EngineResult:
     """A refused input: every gate ``error``, naming the limit (nothing was computed or decided)."""
-    return engine_failure(f"input limit exceeded: {reason}")
+    return engine_failure(f"{OVER_LIMIT}{reason}")
 
 
 def _late(timeout: float) -> EngineResult:
@@ -288,7 +308,7 @@ class Evaluator:
         """Signed denies for the donors a malformed request line asked about (if any are known)."""
         if bad.request_id is None:
             return []
-        result = engine_failure(f"malformed request (line {bad.line}): {bad.reason}")
+        result = engine_failure(f"{MALFORMED}line {bad.line}): {bad.reason}")
         return self._emit(
             [
                 self._sign(

@@ -45,7 +45,27 @@ class InputError(SemgovError):
 
 
 class PolicyError(SemgovError):
-    """A policy file cannot be loaded (syntax, unknown key, wrong type, bad value)."""
+    """A policy file cannot be loaded (syntax, unknown key, wrong type, bad value).
+
+    ``others``: the further problems found in the same pass (``semgov policy check`` lists them
+    all; the message says how many there are).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        source: str | None = None,
+        line: int | None = None,
+        field: str | None = None,
+        others: tuple[PolicyError, ...] = (),
+    ) -> None:
+        super().__init__(message, source=source, line=line, field=field)
+        self.others = others
+
+    def all_diagnostics(self) -> list[str]:
+        """This problem's diagnostic and every other one found with it, in file order."""
+        return [self.diagnostic(), *(o.diagnostic() for o in self.others)]
 
 
 class KeyFileError(SemgovError):

@@ -187,6 +187,7 @@ class _Child:
         self, out: IO[bytes], settings: HookSettings, tokenizer_path: str | None, engine: str
     ) -> None:
         from engine_hooks.sglang.donors import load_detokenizer
+        from engine_hooks.sglang.metrics import hook_metrics
         from engine_hooks.sglang.policies import HookPolicies, open_capture
         from engine_hooks.sglang.providers import load_provider
         from semgov.signing.keys import load_signing_key
@@ -195,7 +196,12 @@ class _Child:
         self.settings = settings
         self.engine = engine
         self.key = load_signing_key(settings.signing_key)
-        self.policies = HookPolicies(settings, self.key, capture=open_capture(settings))
+        capture = open_capture(settings)
+        # NOTE: the capture's counters are this process's (with SGLang's --enable-metrics they join
+        # the server's /metrics through the multiprocess directory this process inherits).
+        self.policies = HookPolicies(
+            settings, self.key, capture=capture, metrics=hook_metrics() if capture is not None else None
+        )
         self.provider = load_provider(settings.provider, max_donors_per_scope=settings.max_donors_per_scope)
         self.detokenize = load_detokenizer(settings.detokenizer, tokenizer_path)
         self.donors: dict[str, Any] = {}

@@ -90,6 +90,8 @@ class LifecycleSink(Protocol):
 
     def shadowed(self, records: list[SignedDecision], disagreements: int) -> None: ...
 
+    def decided(self, job: PendingDecision) -> None: ...
+
 
 def disagreements(records: Sequence[SignedDecision]) -> int:
     """Shadow records whose decision differs from the live one's (none made counts as a deny)."""
@@ -270,6 +272,7 @@ class LocalDecisions:
         finally:
             job.decided_s = time.perf_counter() - t0
             job.done = True  # NOTE: last: the scheduler thread reads the job only after this
+        self.lifecycle.decided(job)
         if live is not None:
             shadow = self.policies.decide_shadow(live)  # NOTE: never raises; after `done`
             if shadow:
@@ -419,6 +422,7 @@ class RemoteDecisions:
         job.decisions = [d for _, d in kept]
         job.decided_s = time.monotonic() - job.queued_at
         job.done = True  # NOTE: last
+        self.lifecycle.decided(job)
 
     def failed(self) -> None:
         """The decision process is gone (either thread): finish everything it still owed, once logged.

@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from engine_hooks.sglang.metrics import HookMetrics
 from engine_hooks.sglang.settings import HookConfigError, HookSettings
 from semgov.audit.keyring import AuditKeyring
 from semgov.audit.store import AuditLog, Ticket
@@ -77,8 +78,16 @@ class AuditTrail:
     """The hook's side of its audit log: appends, the allows' tickets, event signing, and the
     log's broken state (``broken``: why, once any append or write failed; ``failures``: a count)."""
 
-    def __init__(self, log: AuditLog, audit_dir: Path, engine_name: str, signing_key: SigningKey) -> None:
+    def __init__(
+        self,
+        log: AuditLog,
+        audit_dir: Path,
+        engine_name: str,
+        signing_key: SigningKey,
+        metrics: HookMetrics | None = None,
+    ) -> None:
         self.log = log
+        self.metrics = metrics
         self.audit_dir = audit_dir
         self.engine_name = engine_name
         self.signing_key = signing_key
@@ -94,6 +103,8 @@ class AuditTrail:
         the decision process sends back both end here.
         """
         ticket = self.append(decision.canonical)
+        if ticket is not None and self.metrics is not None:
+            self.metrics.decision(decision.record)
         if ticket is not None and decision.decision == "allow":
             with self._tickets_lock:
                 self._tickets[str(decision.record["decision_id"])] = ticket

@@ -47,6 +47,7 @@ from engine_hooks.sglang.donors import (
     load_detokenizer,
 )
 from engine_hooks.sglang.events import AuditTrail, EventJob, open_audit_log
+from engine_hooks.sglang.metrics import BacklogSampler, hook_metrics
 from engine_hooks.sglang.policies import HookPolicies, ReloadOutcome, open_capture
 from engine_hooks.sglang.providers import load_provider
 from engine_hooks.sglang.reload import ReloadWatcher, install_sighup
@@ -150,8 +151,12 @@ class Governor:
         remote = settings.async_decisions and settings.decision_process
         # NOTE: with the decision process these are only checked here (a bad policy, shadow policy
         # or capture directory refuses the server at start); the child decides and captures.
+        self.metrics = hook_metrics()
         self.policies = HookPolicies(
-            settings, self.signing_key, capture=None if remote else open_capture(settings)
+            settings,
+            self.signing_key,
+            capture=None if remote else open_capture(settings),
+            metrics=self.metrics,
         )
         self.revision = self.policies.live.revision  # the live revision in force (updated on reload)
         self.on_revision: list[Callable[[str], object]] = []  # called with each new live revision
@@ -165,7 +170,8 @@ class Governor:
                 detokenizer=settings.detokenizer,
             )
         self.audit = open_audit_log(settings, self.signing_key)
-        self.trail = AuditTrail(self.audit, settings.audit_dir, engine_name, self.signing_key)
+        self.trail = AuditTrail(self.audit, settings.audit_dir, engine_name, self.signing_key, self.metrics)
+        self.backlog = BacklogSampler(self.metrics, self.audit.backlog)
         self.jobs = DecisionThread(settings.async_decisions)
         self.donors = DonorRegistry(
             settings.max_donors_per_scope,
@@ -336,6 +342,10 @@ class Governor:
             "detail": detail,
         }
         try:
+            self.metrics.event(kind, materialized_tokens, detail)  # NOTE: one inc, the only work here
+        except Exception as e:  # noqa: BLE001 - metrics never take the scheduler down
+            get_logger().warning("semgov metrics failed", error=f"{type(e).__name__}: {e}")
+        try:
             job = EventJob(kind, self.clock(), fields)
         except Exception as e:  # noqa: BLE001 - a broken clock must not take the scheduler down
             self.trail.not_audited(kind, f"{type(e).__name__}: {e}")
@@ -373,10 +383,10 @@ class Governor:
         announced to ``on_revision``."""
         for o in outcomes:
             self.event(o.kind, detail=f"{o.detail} [{reason}]")
+            self.metrics.reload(o.role, o.ok)
             if not o.ok:
                 self.reload_failures += 1
                 continue
-            self.reloads += 1
             get_logger().info(
                 "semgov policy reloaded", role=o.role, version=o.version, revision=o.revision, reason=reason
             )
@@ -387,11 +397,18 @@ class Governor:
                         listener(o.revision)
                     except Exception as e:  # noqa: BLE001 - a listener bug must not stop the reload
                         get_logger().error("semgov reload listener failed", error=f"{type(e).__name__}: {e}")
+            self.reloads += 1  # NOTE: last: who sees the count sees the revision it brought
 
     def shadowed(self, records: list[SignedDecision], disagreements: int) -> None:
         """Shadow records were audited (counted; never acted on)."""
-        self.shadow_records += len(records)
+        self.metrics.shadow((r.record for r in records), disagreements)
         self.shadow_disagreements += disagreements
+        self.shadow_records += len(records)  # NOTE: last: who sees the count sees its disagreements
+
+    def decided(self, job: PendingDecision) -> None:
+        """A recipient's decision is ready for the scheduler: its latency, when it had candidates."""
+        if job.candidates:
+            self.metrics.latency.observe(job.decided_s)
 
     def close(self) -> None:
         """Stop the registration and decision threads and close the audit log (flushes, checkpoints).
@@ -401,6 +418,7 @@ class Governor:
         """
         if self.watcher is not None:
             self.watcher.close()
+        self.backlog.close()
         self.donors.close()
         self.jobs.close()
         if self.forwarding is not None:

@@ -35,6 +35,7 @@ from typing import Literal
 
 from engine_hooks.sglang.context import RequestContext
 from engine_hooks.sglang.donors import DonorEntry, prompt_of
+from engine_hooks.sglang.metrics import HookMetrics
 from engine_hooks.sglang.settings import HookConfigError, HookSettings
 from semgov.decide import Evaluator
 from semgov.errors import SemgovError
@@ -171,10 +172,12 @@ class HookPolicies:
         *,
         capture: CaptureWriter | None = None,
         rng: random.Random | None = None,
+        metrics: HookMetrics | None = None,
     ) -> None:
         self.settings = settings
         self.key = key
         self.capture = capture
+        self.metrics = metrics
         self.rng = rng or random.Random()
         self.keyring_digest = _file_digest(settings.trust)
         keyring = load_trust(settings, key)
@@ -248,7 +251,9 @@ class HookPolicies:
             return
         rate = self.settings.capture_rate
         if rate >= 1.0 or self.rng.random() < rate:
-            self.capture.offer(req)
+            kept = self.capture.offer(req)
+            if self.metrics is not None:
+                self.metrics.capture(kept)
 
     # ---- reloading ---------------------------------------------------------------------------
 

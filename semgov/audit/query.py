@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from semgov.signing.shadow import is_disagreement
-from semgov.wire.models import ENGINE_EVENT_SCHEMAS, SHADOW_DECISION_SCHEMA
+from semgov.wire.names import ENGINE_EVENT_SCHEMAS, SHADOW_DECISION_SCHEMA, disagrees
 from semgov.wire.timefmt import parse_rfc3339
 
 ShadowMode = Literal["include", "exclude", "only"]
@@ -36,7 +35,7 @@ def is_shadow(rec: dict[str, Any]) -> bool:
 def disagreement(rec: dict[str, Any]) -> str | None:
     """A shadow record's disagreement with the live decision as ``live->shadow`` (``allow->deny``,
     ``deny->allow``, or ``none->allow`` when the live policy made none), or None when they agree."""
-    if not is_disagreement(rec):
+    if not is_shadow(rec) or not disagrees(rec.get("decision"), rec.get("live_decision")):
         return None
     live = rec.get("live_decision")
     return f"{'none' if live is None else live}->{rec.get('decision')}"

@@ -164,6 +164,7 @@ class AuditLog:
         self._closed = False
         self._durable_cv = threading.Condition(threading.Lock())
         self._durable = frontier.size
+        self._waiting_since = 0.0  # monotonic: when the oldest record not yet durable arrived (about)
         self._error: AuditWriteError | None = None
         self._thread = threading.Thread(
             target=self._run, name=f"semgov-audit-writer {directory}", daemon=True
@@ -260,6 +261,16 @@ class AuditLog:
         """Size of the last checkpoint signed (or found on open)."""
         return self._checkpoint_size
 
+    def backlog(self) -> tuple[int, float]:
+        """``(records accepted and not yet durable, seconds the oldest of them has waited)``.
+
+        For monitoring (read without the writer's locks: a moment's view). The age is measured from
+        when the oldest waiting record was appended, or from the last commit for records that
+        arrived while it ran (a lower bound then).
+        """
+        pending = max(0, self._next_index - self._durable)
+        return pending, (max(0.0, time.monotonic() - self._waiting_since) if pending else 0.0)
+
     def root(self) -> tuple[int, bytes]:
         """``(size, Merkle root)`` of a durable prefix (the latest one the writer published)."""
         snap = self._snapshot
@@ -281,6 +292,8 @@ class AuditLog:
             if self._closing:
                 raise AuditLogError("audit log is closed", source=str(self.directory))
             index = self._next_index
+            if index == self._durable:
+                self._waiting_since = time.monotonic()  # NOTE: nothing was waiting: this one is the oldest
             self._next_index = index + 1
             self._pending.append(record)
             if len(self._pending) >= self._wake_at:
@@ -392,6 +405,9 @@ class AuditLog:
         self._log_bytes += len(records) + len(seal)
         self._frontier = frontier
         self._snapshot = frontier.copy()
+        self._waiting_since = (
+            time.monotonic()
+        )  # NOTE: what waits now arrived during this commit at the latest
         with self._durable_cv:
             self._durable = frontier.size
             self._durable_cv.notify_all()

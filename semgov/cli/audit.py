@@ -7,14 +7,10 @@ import json
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any, get_args
-
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from typing import TYPE_CHECKING, Any
 
 from semgov import log
 from semgov.audit.errors import AuditLogError
-from semgov.audit.keyring import AuditKeyring
-from semgov.audit.merkle import ProofError
 from semgov.audit.query import (
     Filter,
     Stats,
@@ -29,13 +25,18 @@ from semgov.audit.query import (
     tally,
 )
 from semgov.audit.reader import iter_records
-from semgov.audit.verify import Report, read_bundle, verify_bundle
-from semgov.audit.verify_dir import make_bundle, verify_log
 from semgov.errors import InputError
-from semgov.signing.keys import load_public_key
 from semgov.wire import strictjson
-from semgov.wire.models import ENGINE_EVENT_SCHEMAS, GATES, SHADOW_DECISION_SCHEMA, EngineEventKind
-from semgov.wire.strictjson import StrictJSONError
+from semgov.wire.names import ENGINE_EVENT_KINDS, ENGINE_EVENT_SCHEMAS, GATE_NAMES, SHADOW_DECISION_SCHEMA
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from semgov.audit.keyring import AuditKeyring
+    from semgov.audit.verify import Report
+
+# NOTE: start-up: `show` and `stats` read records as plain JSON; what verifies signatures (the
+# keyring, cryptography, the verifier and its process pool) is imported by the commands that do.
 
 DEFAULT_DIR = Path("audit/log")
 
@@ -150,13 +151,13 @@ def _filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request", metavar="REQUEST_ID")
     p.add_argument("--donor", metavar="DONOR_ID")
     p.add_argument("--decision", choices=("allow", "deny"))
-    p.add_argument("--gate", choices=GATES, help="decisions where this gate did not pass")
+    p.add_argument("--gate", choices=GATE_NAMES, help="decisions where this gate did not pass")
     p.add_argument(
         "--decision-id",
         metavar="ID",
         help="the decision, and the engine events and shadow decisions that name it",
     )
-    p.add_argument("--kind", choices=get_args(EngineEventKind), help="engine events of this kind")
+    p.add_argument("--kind", choices=ENGINE_EVENT_KINDS, help="engine events of this kind")
     p.add_argument("--since", metavar="RFC3339", help="evaluated at or after")
     p.add_argument("--until", metavar="RFC3339", help="evaluated before")
     p.add_argument(
@@ -235,6 +236,10 @@ def _print_keys(rep: Report) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    from semgov.audit.keyring import AuditKeyring
+    from semgov.audit.verify_dir import verify_log
+    from semgov.signing.keys import load_public_key
+
     key = load_public_key(args.pubkey) if args.pubkey else None
     keyring = AuditKeyring.load(args.keyring) if args.keyring else None
     kept = None
@@ -374,7 +379,7 @@ def run_stats(args: argparse.Namespace) -> int:
     w("policies: " + ", ".join(f"{k} x{v}" for k, v in st.engines.most_common()) + "\n")
     w(_shadow_lines(st))
     w(f"\n{'gate':<20}{'fail':>8}{'error':>8}\n")
-    for g in GATES:
+    for g in GATE_NAMES:
         w(f"{g:<20}{st.gate_fail[g]:>8}{st.gate_error[g]:>8}\n")
     w(f"\n{'tenant':<14}{'namespace':<32}{'approved tokens':>16}\n")
     for (tenant, ns), tokens in sorted(st.approved_tokens.items()):
@@ -388,6 +393,8 @@ def run_stats(args: argparse.Namespace) -> int:
 
 
 def run_prove(args: argparse.Namespace) -> int:
+    from semgov.audit.verify_dir import make_bundle
+
     bundle = make_bundle(args.directory, args.decision_id)
     text = json.dumps(bundle, indent=2) + "\n"
     if args.out is None:
@@ -400,6 +407,12 @@ def run_prove(args: argparse.Namespace) -> int:
 
 
 def run_verify_proof(args: argparse.Namespace) -> int:
+    from semgov.audit.keyring import AuditKeyring
+    from semgov.audit.merkle import ProofError
+    from semgov.audit.verify import read_bundle, verify_bundle
+    from semgov.signing.keys import load_public_key
+    from semgov.wire.strictjson import StrictJSONError
+
     key: Ed25519PublicKey | AuditKeyring = (
         load_public_key(args.pubkey) if args.pubkey is not None else AuditKeyring.load(args.keyring)
     )

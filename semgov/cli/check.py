@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from semgov import log
-from semgov.decide import Evaluator, SignedDecision
+from semgov.cli.report import CheckReport, Finding, render_github, render_json, render_junit, render_sarif
+from semgov.decide import Evaluator, SignedDecision, refused_input
 from semgov.errors import InputError
 from semgov.intake.capture import MalformedLine, read_captured
 from semgov.intake.limits import SETTINGS, Limits, positive_int_arg
@@ -122,7 +123,21 @@ def register(sub: Any) -> None:
         "--now", metavar="RFC3339", help="decision clock for every request (default: its received_at)"
     )
     p.add_argument(
-        "--format", choices=("table", "jsonl"), default="table", help="stdout format (default: table)"
+        "--format",
+        choices=("table", "jsonl", "json", "junit", "sarif", "github"),
+        default="table",
+        help="stdout format (default: table): jsonl = the signed records; json, junit (XML), sarif "
+        "(2.1.0) and github (workflow annotations) = the findings, for CI. Every format ends with "
+        "`N tests, N passed, N warnings, N failures` (on stderr for jsonl)",
+    )
+    p.add_argument(
+        "--max-errors",
+        type=int,
+        default=0,
+        metavar="N",
+        help="decisions made by errors alone (a deny no gate failed: the engine failed, timed out or "
+        "answered something invalid; denies for the input itself, over the limits or malformed, do not "
+        "count) tolerated before the exit status is 1 (default 0)",
     )
     p.add_argument(
         "--out", type=Path, metavar="FILE", help="also write the signed decision records (JSONL) to FILE"
@@ -148,15 +163,43 @@ class _Tally:
     checked: int = 0
     unexpected: int = 0
     mismatches: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
 
     def add(self, d: SignedDecision) -> None:
         self.decisions[d.decision] += 1
         self.approved_tokens += int(d.record["approved_tokens"])
+        results = set()
         for g in d.record["gates"]:
+            results.add(g["result"])
             if g["result"] == "fail":
                 self.gate_fail[g["gate"]] += 1
             elif g["result"] == "error":
                 self.gate_error[g["gate"]] += 1
+        # NOTE: a deny for the input (over the limits, malformed) is not an error of the policy
+        # engine: the table counts its gate errors, the exit status does not (malformed lines: 2).
+        if "error" in results and "fail" not in results and not refused_input(d.record):
+            self.findings.append(
+                Finding(
+                    "error",
+                    f"decided by errors alone: {_why(d)}",
+                    str(d.record["request_id"]),
+                    d.donor_id,
+                )
+            )
+
+    def report(self, captured: str, ev: Evaluator) -> CheckReport:
+        p = ev.policy
+        policy = {"name": p.name, "version": p.version, "revision": p.revision, "engine": ev.engine.name}
+        return CheckReport(
+            captured,
+            policy,
+            decisions=sum(self.decisions.values()),
+            allow=self.decisions["allow"],
+            approved_tokens=self.approved_tokens,
+            warnings=self.unexpected,
+            findings=self.findings,
+            gates={g: {"fail": self.gate_fail[g], "error": self.gate_error[g]} for g in GATES},
+        )
 
 
 def _why(d: SignedDecision) -> str:
@@ -251,6 +294,9 @@ def run(args: argparse.Namespace) -> int:
             if isinstance(item, MalformedLine):
                 tally.malformed += 1
                 logger.error(f"{args.captured}:{item.line}: skipped malformed request: {item.reason}")
+                tally.findings.append(
+                    Finding("malformed", f"malformed request: {item.reason}", item.request_id, line=item.line)
+                )
                 clock = now if now is not None else datetime.now(UTC)
                 for d in ev.deny_malformed(item, clock):
                     emit(d)
@@ -269,6 +315,14 @@ def run(args: argparse.Namespace) -> int:
                         f"{args.captured}: request {item.request_id} donor {d.donor_id}: "
                         f"expected {want}, got {d.decision} ({_why(d)})"
                     )
+                    tally.findings.append(
+                        Finding(
+                            "mismatch",
+                            f"expected {want}, got {d.decision} ({_why(d)})",
+                            item.request_id,
+                            d.donor_id,
+                        )
+                    )
     finally:
         if out_file is not None:
             out_file.close()
@@ -279,11 +333,37 @@ def run(args: argparse.Namespace) -> int:
                 f"audit log {args.audit}: {audit.size} records, checkpoint at {audit.checkpoint_size}"
             )
 
-    if args.format == "table":
-        _summary(tally, args, ev, sys.stdout)
-    for m in tally.mismatches:
-        print(f"MISMATCH {m}", file=sys.stderr if args.format == "jsonl" else sys.stdout)
+    return _finish(tally, args, ev)
+
+
+def _finish(tally: _Tally, args: argparse.Namespace, ev: Evaluator) -> int:
+    """Write the chosen format's summary; the exit status."""
+    from semgov import __version__
+
+    if args.max_errors < 0:
+        raise InputError(f"--max-errors must be 0 or more, not {args.max_errors}")
+    report = tally.report(str(args.captured), ev)
+    errors = report.count("error")
+    if errors <= args.max_errors:  # NOTE: tolerated errors are not failures
+        report.findings = [f for f in report.findings if f.kind != "error"]
+    fmt = args.format
+    if fmt in ("table", "jsonl"):
+        if fmt == "table":
+            _summary(tally, args, ev, sys.stdout)
+        for m in tally.mismatches:
+            print(f"MISMATCH {m}", file=sys.stderr if fmt == "jsonl" else sys.stdout)
+        for f in (f for f in report.findings if f.kind == "error"):
+            print(f"ERROR request {f.request_id} donor {f.donor_id}: {f.message}", file=sys.stderr)
+        print(report.closing_line(), file=sys.stderr if fmt == "jsonl" else sys.stdout)
+    else:
+        renders = {"json": render_json, "junit": render_junit, "github": render_github}
+        sys.stdout.write(render_sarif(report, __version__) if fmt == "sarif" else renders[fmt](report))
+    if errors:
+        log.get_logger().error(
+            f"{errors} decision(s) made by errors alone (tolerated: {args.max_errors}): the policy "
+            "engine failed, timed out or answered something invalid"
+        )
     if tally.malformed:
-        logger.error(f"{tally.malformed} malformed line(s) in {args.captured}")
+        log.get_logger().error(f"{tally.malformed} malformed line(s) in {args.captured}")
         return 2
-    return 1 if tally.mismatches else 0
+    return 1 if report.failures else 0

@@ -1,24 +1,48 @@
-"""``semgov`` command line: thin adapters over the core."""
+"""``semgov`` command line: thin adapters over the core.
+
+NOTE: start-up: only the module of the command being run is imported (each imports what it
+needs); ``semgov``, ``semgov --help`` and ``--version`` import none, so they answer before any
+heavy dependency (pydantic, numpy, cryptography, structlog) is loaded. :data:`COMMANDS` keeps
+each command's one-line help for the top-level ``--help``; a test holds it equal to the help the
+command's own module registers.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
-from semgov import __version__, log
-from semgov.cli import audit, bench, calibrate, check, diff, keys, policy, schema, verify
-from semgov.errors import SemgovError
+from semgov import __version__
+
+# name -> (module that registers it, its one-line help in `semgov --help`), in display order.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "check": ("semgov.cli.check", "replay captured requests against a policy"),
+    "diff": ("semgov.cli.diff", "compare two policies' decisions on captured requests"),
+    "audit": ("semgov.cli.audit", "verify and review an audit log"),
+    "policy": ("semgov.cli.policy", "lint and test policies"),
+    "keys": ("semgov.cli.keys", "manage Ed25519 signing keys"),
+    "verify-decision": ("semgov.cli.verify", "check the signatures of decision records"),
+    "schema": ("semgov.cli.schema", "write or check the JSON Schemas generated from the wire types"),
+    "bench": ("semgov.cli.bench", "measure what KV reuse saves and what governance costs, on a real model"),
+    "calibrate": (
+        "semgov.cli.calibrate",
+        "measure reuse's answer regressions on captured traffic; write the policy that stays in budget",
+    ),
+}
 
 EPILOG = """\
-exit status: 0 success; 1 decisions differ from expectations (check), a policy change
-flips decisions (diff) or a signature failed;
+exit status: 0 success; 1 decisions differ from expectations or were made by errors alone
+(check), a policy change flips decisions (diff) or a signature failed;
 2 bad input (malformed lines, unreadable files, invalid policy or usage);
 3 `audit verify` without a key (UNVERIFIED: pass --pubkey, --keyring or --structure-only).
 Docs: README.md, docs/policy.md, docs/rego.md, docs/formats.md."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; ``only``: register that command alone (the others are listed with their help,
+    their modules not imported; ``""``: none), None: every command."""
     p = argparse.ArgumentParser(
         prog="semgov",
         description="Policy-as-code governance for semantic KV-cache reuse: decide, per donor "
@@ -34,21 +58,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="diagnostics on stderr as text (default) or JSON lines",
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    check.register(sub)
-    diff.register(sub)
-    audit.register(sub)
-    policy.register(sub)
-    keys.register(sub)
-    verify.register(sub)
-    schema.register(sub)
-    bench.register(sub)
-    calibrate.register(sub)
+    for name, (module, help_text) in COMMANDS.items():
+        if only is None or name == only:
+            importlib.import_module(module).register(sub)
+        else:
+            sub.add_parser(name, help=help_text)
     return p
 
 
+def command_of(argv: Sequence[str]) -> str:
+    """The command named in ``argv`` (the first word that is not an option or its value), or ``""``."""
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--log-format":
+            skip = True
+        elif not a.startswith("-"):
+            return a if a in COMMANDS else ""
+    return ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args_in = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(only=command_of(args_in))
+    args = parser.parse_args(args_in)
+    from semgov import log
+    from semgov.errors import SemgovError
+
     log.configure(args.log_format)
     try:
         rc: int = args.func(args)

@@ -8,11 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from semgov.cli.check import add_limit_flags, limits_from_args
+from semgov.cli.report import render_tests
 from semgov.errors import PolicyError
 from semgov.intake.limits import Limits
+from semgov.policy.probes import probe_findings
 from semgov.policy.rego.loader import RegoPolicy, lint, rego_files
 from semgov.policy.rollout import replacement
-from semgov.policy.source import load_policy_source, make_engine
+from semgov.policy.source import ENGINES, load_policy_source, make_engine
 from semgov.policy.testing import TestOutcome, case_files, run_case_file, run_rego_tests
 from semgov.policy.yaml.model import POLICY_FILE, load_policy
 
@@ -37,9 +39,13 @@ def register(sub: Any) -> None:
         help="lint a policy directory",
         description="Lint a policy directory: YAML (syntax, unknown keys, types, values) or Rego "
         "(syntax, package semgov.reuse, required rules, forbidden non-deterministic builtins), "
-        "and the structure of its *_test.yaml case files. Prints file:line diagnostics; exit 1 on any. "
-        "With --replaces OLD, also warns (exit 0) when the policy does not accept donors produced "
-        "under OLD's name@version.",
+        "and the structure of its *_test.yaml case files. Then its engine decides one probe per gate, "
+        "each a donor no policy may accept (another tenant, a forged signature, expired, an unaccepted "
+        "version, forbidden PII, another task or response contract, similarity 0, no verified span): "
+        "an engine that cannot decide one, or allows them all (an unconditional allow), is a problem; "
+        "a probe allowed or passed by its gate is a warning. Prints file:line diagnostics; exit 1 on "
+        "any problem. With --replaces OLD, also warns (exit 0) when the policy does not accept donors "
+        "produced under OLD's name@version.",
     )
     c.add_argument("directory", type=Path, metavar="DIR")
     c.add_argument(
@@ -64,8 +70,30 @@ def register(sub: Any) -> None:
         help="engine for Rego tests and case files (default: the policy's own)",
     )  # fmt: skip
     t.add_argument("-v", "--verbose", action="store_true", help="list passing tests too")
+    t.add_argument(
+        "--format",
+        choices=("text", "json", "junit", "github"),
+        default="text",
+        help="text (default); json, junit (XML) or github (workflow annotations) for CI. Every format "
+        "ends with `N tests, N passed, N warnings, N failures`",
+    )
     add_limit_flags(t, ("max_policy_bytes",))
     t.set_defaults(func=run_test)
+    e = ps.add_parser(
+        "eval",
+        help="decide one policy input document (like `opa eval`)",
+        description="Decide one policy input document (schemas/policy_input.schema.json, strict JSON) "
+        "with the policy's engine and semgov's own checks of its answer (an approved span token "
+        "verification did not find is an error). Prints the gates, the decision and the approved "
+        "spans as JSON; exit 0 whatever the decision, 2 on bad input.",
+    )
+    e.add_argument("directory", type=Path, metavar="DIR", help="policy directory (YAML or Rego)")
+    e.add_argument("--input", required=True, metavar="FILE", help="the input document (JSON; - for stdin)")
+    e.add_argument(
+        "--engine", choices=ENGINES, default="auto", help="policy engine (default: the policy's own)"
+    )
+    add_limit_flags(e)
+    e.set_defaults(func=run_eval)
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -79,16 +107,21 @@ def run_check(args: argparse.Namespace) -> int:
         try:
             load_policy(d, limits=limits)
         except PolicyError as e:
-            problems.append(e.diagnostic())
+            problems += e.all_diagnostics()
+    warnings: list[str] = []
     if not problems:
         try:
             policy = load_policy_source(d, limits=limits)
             engine = make_engine(policy)
             for f in case_files(d):
                 run_case_file(f, engine, run=re.compile(r"(?!)"))  # structure only, runs nothing
+            found, warned = probe_findings(engine, f"{policy.name}@{policy.version}")
+            problems += [f"{d}: {x}" for x in found]
+            warnings += warned
         except PolicyError as e:
-            problems.append(e.diagnostic())
-    warnings = _rollout_warnings(args, limits) if not problems and args.replaces is not None else []
+            problems += e.all_diagnostics()
+    if not problems and args.replaces is not None:
+        warnings += _rollout_warnings(args, limits)
     for line in problems:
         print(line)
     for line in warnings:
@@ -121,14 +154,64 @@ def run_test(args: argparse.Namespace) -> int:
         where = "*_test.rego or *_test.yaml" if d.is_dir() else POLICY_FILE
         print(f"{d}: no tests found ({where}){' matching --run' if run else ''}")
         return 2
-    for o in outcomes:
-        if o.status != "PASS" or args.verbose:
-            msg = f": {o.message}" if o.message else ""
-            print(f"{o.status} {o.name} ({o.location}, {o.seconds * 1e3:.1f} ms){msg}")
     passed = sum(o.status == "PASS" for o in outcomes)
     failed = sum(o.status == "FAIL" for o in outcomes)
     errors = len(outcomes) - passed - failed
-    print("-" * 72)
-    print(f"{engine.name}: PASS {passed}/{len(outcomes)}" + (f", FAIL {failed}" if failed else "")
-          + (f", ERROR {errors}" if errors else ""))  # fmt: skip
+    closing = f"{len(outcomes)} tests, {passed} passed, 0 warnings, {failed + errors} failures"
+    if args.format == "text":
+        for o in outcomes:
+            if o.status != "PASS" or args.verbose:
+                msg = f": {o.message}" if o.message else ""
+                print(f"{o.status} {o.name} ({o.location}, {o.seconds * 1e3:.1f} ms){msg}")
+        print("-" * 72)
+        print(f"{engine.name}: PASS {passed}/{len(outcomes)}" + (f", FAIL {failed}" if failed else "")
+              + (f", ERROR {errors}" if errors else ""))  # fmt: skip
+        print(closing)
+    else:
+        print(render_tests(outcomes, args.format, f"semgov policy test {d}", engine.name, closing), end="")
     return 0 if passed == len(outcomes) else 1
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """``semgov policy eval``: one input document, decided, as JSON on stdout."""
+    import dataclasses
+    import json
+    import sys
+
+    from pydantic import ValidationError
+
+    from semgov.errors import InputError
+    from semgov.policy.checks import checked_result
+    from semgov.policy.testing import input_adapter
+    from semgov.wire.strictjson import StrictJSONError
+    from semgov.wire.strictjson import loads as strict_loads
+
+    policy = load_policy_source(args.directory, limits=limits_from_args(args))
+    engine = make_engine(policy, args.engine)
+    where = "<stdin>" if args.input == "-" else args.input
+    try:
+        data = sys.stdin.buffer.read() if args.input == "-" else Path(args.input).read_bytes()
+        doc = input_adapter().validate_python(strict_loads(data))
+    except OSError as e:
+        raise InputError(f"cannot read: {e.strerror}", source=where) from e
+    except StrictJSONError as e:
+        raise InputError(f"not strict JSON: {e}", source=where) from e
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise InputError(f"not a policy input document: {err['msg']}", source=where, field=loc) from e
+    result = checked_result(engine.evaluate(doc), doc)
+    allow = all(g.result == "pass" for g in result.gates)
+    out = {
+        "policy": {
+            "name": policy.name,
+            "version": policy.version,
+            "revision": policy.revision,
+            "engine": engine.name,
+        },
+        "decision": "allow" if allow else "deny",
+        "gates": [dataclasses.asdict(g) for g in result.gates],
+        "approved_spans": [dataclasses.asdict(s) for s in result.approved_spans],
+    }
+    print(json.dumps(out, indent=2))
+    return 0

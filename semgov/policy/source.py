@@ -76,7 +76,6 @@ def make_engine(policy: PolicySource, engine: str = "auto", *, opa: OpaServer | 
     try:
         return OpaInProcessEngine(policy)
     except ImportError as e:
-        raise PolicyError(
-            "--engine opa-inprocess needs opa-golib-python-bindings "
-            "(pip install --no-deps --ignore-requires-python opa-golib-python-bindings==0.4.4)"
-        ) from e
+        from semgov.policy.testing import OPA_INPROCESS_HINT
+
+        raise PolicyError(OPA_INPROCESS_HINT) from e

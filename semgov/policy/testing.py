@@ -41,6 +41,11 @@ from semgov.policy.rego.loader import lint_ast, rego_files, syntax_diagnostic
 from semgov.wire.models import GATES
 from semgov.wire.policy_input import PolicyInput
 
+OPA_INPROCESS_HINT = (
+    "--engine opa-inprocess needs opa-golib-python-bindings "
+    "(pip install --no-deps --ignore-requires-python opa-golib-python-bindings==0.4.4)"
+)
+
 
 @dataclass(frozen=True)
 class TestOutcome:
@@ -105,7 +110,10 @@ def run_rego_tests(
 
 def _rego_evaluator(directory: Path, sources: dict[str, str], engine: str) -> Any:
     if engine == "opa-inprocess":
-        from opa_bindings import OpaEngine
+        try:
+            from opa_bindings import OpaEngine
+        except ImportError as e:
+            raise PolicyError(OPA_INPROCESS_HINT) from e
 
         opa = OpaEngine()
         for fname, text in sources.items():
@@ -135,7 +143,8 @@ GATE_RESULTS = ("pass", "fail", "error")
 
 
 @cache
-def _input_adapter() -> TypeAdapter[PolicyInput]:
+def input_adapter() -> TypeAdapter[PolicyInput]:
+    """Validates a policy input document (strict JSON types, as case files are)."""
     return TypeAdapter(PolicyInput)
 
 
@@ -271,7 +280,7 @@ def load_case_file(path: Path, *, limits: Limits | None = None) -> list[Case]:
         else:
             raw, sources = deep_merge(base, case.get("patch", {})), [(*at, "patch"), ("base",)]
         try:
-            doc = _input_adapter().validate_python(raw)
+            doc = input_adapter().validate_python(raw)
         except ValidationError as e:
             field, msg, line = _doc_error(e, lines, sources, case_line)
             raise PolicyError(

@@ -30,6 +30,7 @@ from semgov.wire.models import (
     SHADOW_DECISION_SCHEMA,
     ShadowDecisionRecord,
 )
+from semgov.wire.names import disagrees
 
 __all__ = ["is_disagreement", "shadow_record", "verify_shadow_record"]
 
@@ -92,4 +93,4 @@ def is_disagreement(record: dict[str, Any]) -> bool:
     """
     if record.get("schema") != SHADOW_DECISION_SCHEMA:
         raise InputError(f"not a {SHADOW_DECISION_SCHEMA} record: schema {record.get('schema')!r}")
-    return bool(record.get("decision") != (record.get("live_decision") or "deny"))
+    return disagrees(record.get("decision"), record.get("live_decision"))

@@ -23,18 +23,18 @@ from pydantic import (
 )
 
 from semgov.facts.token_ids import TokenIds
+from semgov.wire import names as _names
 from semgov.wire.timefmt import Instant
 
-CAPTURED_REQUEST_SCHEMA = "semgov.captured_request/v1"
-PROVENANCE_SCHEMA = "semgov.provenance/v1"
-DECISION_SCHEMA = "semgov.decision/v2"
-# NOTE: every decision schema semgov reads; v1 records (no realization plan) still verify.
-DECISION_SCHEMAS = ("semgov.decision/v1", DECISION_SCHEMA)
-POLICY_INPUT_SCHEMA = "semgov.policy_input/v1"
-SHADOW_DECISION_SCHEMA = "semgov.shadow_decision/v1"
-ENGINE_EVENT_SCHEMA = "semgov.engine_event/v2"
-# NOTE: every engine event schema semgov reads; v1 records (the four original kinds) still verify.
-ENGINE_EVENT_SCHEMAS = ("semgov.engine_event/v1", ENGINE_EVENT_SCHEMA)
+# NOTE: the schema ids are named in semgov.wire.names (no pydantic there).
+CAPTURED_REQUEST_SCHEMA = _names.CAPTURED_REQUEST_SCHEMA
+DECISION_SCHEMA = _names.DECISION_SCHEMA
+DECISION_SCHEMAS = _names.DECISION_SCHEMAS
+ENGINE_EVENT_SCHEMA = _names.ENGINE_EVENT_SCHEMA
+ENGINE_EVENT_SCHEMAS = _names.ENGINE_EVENT_SCHEMAS
+POLICY_INPUT_SCHEMA = _names.POLICY_INPUT_SCHEMA
+PROVENANCE_SCHEMA = _names.PROVENANCE_SCHEMA
+SHADOW_DECISION_SCHEMA = _names.SHADOW_DECISION_SCHEMA
 
 Role = Literal["system", "instruction", "evidence", "question", "other"]
 Hex64 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]

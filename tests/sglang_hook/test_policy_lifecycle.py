@@ -164,6 +164,7 @@ def test_a_policy_that_fails_to_load_keeps_the_old_one_and_is_audited(hook_files
         assert gov.wait_idle(30) and gov.reload_failures == 1 and gov.revision == old
         assert decide(gov, "r-1").decisions[0].record["policy"]["revision"] == old
         gov.request_reload("test")  # the same broken file again: refused again, nothing swapped
+        assert gov.wait_idle(30) and gov.reload_failures == 2
         write_policy(hook_files.policy, fixed)
         gov.request_reload("test")
         assert gov.wait_idle(30) and gov.reloads == 1 and gov.revision != old

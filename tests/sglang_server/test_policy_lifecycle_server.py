@@ -13,6 +13,9 @@ One server runs the rig's policy from a directory the test owns, with a shadow p
 4. the changed policy is written into the live directory: the next request is denied, its record
    names the new revision, nothing is realized; a policy that does not load is audited and the
    changed policy keeps deciding.
+
+The server runs with ``--enable-metrics``: at the end its ``/metrics`` must show the same story
+in ``semgov:*`` series (issue 17).
 """
 
 from __future__ import annotations
@@ -110,6 +113,42 @@ def captured_ids(capture: Path) -> set[str]:
     return ids
 
 
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` on a ``/metrics`` page whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            head, _, val = line.rpartition(" ")
+            if all(f'{k}="{v}"' in head for k, v in labels.items()):
+                total += float(val)
+    return total
+
+
+def check_metrics(server: Server) -> None:
+    """The server's own /metrics (SGLang's --enable-metrics) carries semgov:* beside sglang:*, and
+    they say what the audit log says: two live allows realized, two denies, a disagreeing shadow,
+    the reloads, and the capture (counted in the decision process)."""
+    status, body = server.get("/metrics")
+    assert status == 200
+    text = body.decode()
+    assert "sglang:" in text
+    assert metric(text, "semgov:decisions_total", outcome="allow") == 2, text[-3000:]
+    assert metric(text, "semgov:decisions_total", outcome="deny") == 2
+    assert metric(text, "semgov:gate_failures_total", gate="token_verification", result="fail") == 2
+    assert (
+        metric(text, "semgov:realizations_total") == 2
+        and metric(text, "semgov:realized_tokens_total") >= 1024
+    )
+    assert metric(text, "semgov:decision_latency_seconds_count") == 4
+    assert metric(text, "semgov:shadow_decisions_total") == 4
+    assert metric(text, "semgov:shadow_disagreements_total") == 1
+    assert metric(text, "semgov:policy_reloads_total", role="shadow", outcome="loaded") == 1
+    assert metric(text, "semgov:policy_reloads_total", role="live", outcome="loaded") == 1
+    assert metric(text, "semgov:policy_reloads_total", role="live", outcome="failed") == 1
+    assert metric(text, "semgov:captured_total") == 4 and metric(text, "semgov:capture_dropped_total") == 0
+    assert metric(text, "semgov:reuse_disabled") == 0
+
+
 def test_capture_diff_shadow_and_hot_reload_in_a_running_server(tmp_path: Path) -> None:
     """Captured traffic replays as decided; the diff flips it; a shadow records without acting; a
     live reload decides the next request with the new revision; a broken policy is kept out."""
@@ -120,6 +159,7 @@ def test_capture_diff_shadow_and_hot_reload_in_a_running_server(tmp_path: Path) 
     config = replace(
         server_configs("cpu")["page1-overlap"],
         kv_dump=False,
+        extra_args=("--enable-metrics",),
         hook_env={
             "SEMGOV_POLICY": str(live),
             "SEMGOV_SHADOW_POLICY": str(shadow),
@@ -196,4 +236,5 @@ def test_capture_diff_shadow_and_hot_reload_in_a_running_server(tmp_path: Path) 
         rid4 = pair(server, "lc-4")
         s = audit_until(server, lambda s: rid4 in s.decisions, "lc-4's decision")
         assert [d["policy"]["revision"] for d in s.decisions[rid4]] == [new_revision]
+        check_metrics(server)
         assert_healthy(server)

@@ -42,3 +42,14 @@ def test_shadow_decision_model_is_not_a_decision_record() -> None:
     """A ShadowDecisionRecord is no DecisionRecord (nothing typed for live decisions accepts one)."""
     assert not issubclass(ShadowDecisionRecord, DecisionRecord)
     assert issubclass(ShadowDecisionRecord, DecisionFields) and issubclass(DecisionRecord, DecisionFields)
+
+
+def test_the_dependency_free_names_equal_the_models_types() -> None:
+    """semgov.wire.names (read without pydantic) names exactly the gates and event kinds the models type."""
+    from typing import get_args
+
+    from semgov.wire import names
+    from semgov.wire.models import GATES, EngineEventKind
+
+    assert names.GATE_NAMES == GATES
+    assert names.ENGINE_EVENT_KINDS == get_args(EngineEventKind)

@@ -79,7 +79,11 @@ span(rs, ds, n, kind, rrole, drole) := {
 	"donor_role": drole,
 }
 
-approved(rs, ds, n, kind) := {"recipient_start": rs, "donor_start": ds, "length": n, "kind": kind}
+# An approved span with its realization plan: `recompute` leading tokens are computed, not copied
+# (prefix spans 0; shifted spans 20% of the span, at least 16 tokens, at most the span: `quality`).
+approved(rs, ds, n, kind, recompute) := {
+	"recipient_start": rs, "donor_start": ds, "length": n, "kind": kind, "recompute": recompute,
+}
 
 patched(patch) := object.union(base_input, patch)
 
@@ -105,7 +109,7 @@ test_base_allows if {
 
 test_base_approved_spans if {
 	spans := reuse.approved_spans with input as base_input
-	spans == [approved(0, 0, 64, "prefix"), approved(64, 74, 100, "shifted")]
+	spans == [approved(0, 0, 64, "prefix", 0), approved(64, 74, 100, "shifted", 20)]
 }
 
 test_deny_entries_are_gate_and_detail if {
@@ -447,7 +451,7 @@ test_prefix_span_approved_in_any_role if {
 		span(0, 0, 10, "prefix", "question", "question"),
 		span(10, 10, 5, "prefix", "instruction", "other"),
 	])
-	spans == [approved(0, 0, 10, "prefix"), approved(10, 10, 5, "prefix")]
+	spans == [approved(0, 0, 10, "prefix", 0), approved(10, 10, 5, "prefix", 0)]
 }
 
 test_shifted_span_in_question_not_approved if {
@@ -464,10 +468,10 @@ test_shifted_span_length_boundary if {
 		span(0, 7, 31, "shifted", "evidence", "evidence"),
 		span(31, 38, 32, "shifted", "system", "evidence"),
 	])
-	spans == [approved(31, 38, 32, "shifted")]
+	spans == [approved(31, 38, 32, "shifted", 16)]
 }
 
 test_shifted_spans_not_approved_when_disallowed if {
 	spans := reuse.approved_spans with input as base_input with reuse.allow_shifted as false
-	spans == [approved(0, 0, 64, "prefix")]
+	spans == [approved(0, 0, 64, "prefix", 0)]
 }

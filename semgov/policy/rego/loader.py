@@ -313,6 +313,7 @@ def load_rego_policy(directory: Path, *, limits: Limits | None = None) -> RegoPo
         _check_rules(raw, "public_donors_for", RequestScope, "{tenant, namespace, task}", str(directory))
     if _defines(eng, "compatible_task_groups"):
         _check_task_groups(_constant(eng, "compatible_task_groups", str(directory)), str(directory))
+    _check_setting_types(eng, str(directory))
     config = FactConfig(
         min_span_tokens=fc.min_span_tokens,
         scan_donor_text=fc.scan_donor_text,
@@ -369,3 +370,53 @@ def _defines(eng: Any, rule: str) -> bool:
     except Exception:  # noqa: BLE001
         return True  # defined but failing: let _constant report it
     return bool(out.get("result"))
+
+
+# The Rego convention's settings (policies/rego/default): the JSON type each must have when a
+# policy defines it as a constant. A wrong type does not fail in Rego, it changes the meaning
+# (`allow_shifted := "false"` is a defined, non-false value: shifted spans allowed).
+SETTING_TYPES: dict[str, str] = {
+    **dict.fromkeys(
+        ("allow_public_donors", "pii_scan_donor_text", "pii_require_scan", "allow_shifted"), "boolean"
+    ),
+    **dict.fromkeys(("similarity_min", "min_approved_fraction", "pii_min_score"), "number"),
+    **dict.fromkeys(
+        ("max_age_seconds", "min_span_tokens", "min_approved_tokens", "shifted_recompute_percent",
+         "min_recompute_tokens"),
+        "integer",
+    ),
+    **dict.fromkeys(
+        ("accepted_policy_versions", "forbidden_entities", "pii_phone_regions", "reusable_roles"), "strings"
+    ),
+}  # fmt: skip
+
+
+def _type_of(v: Any) -> str:
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "number"
+    if isinstance(v, list) and all(isinstance(x, str) for x in v):
+        return "strings"
+    return type(v).__name__ if not isinstance(v, list) else "a list of non-strings"
+
+
+def _check_setting_types(eng: Any, source: str) -> None:
+    """Every convention setting the policy defines has its type (all problems at once)."""
+    found: list[PolicyError] = []
+    for name, want in SETTING_TYPES.items():
+        if not _defines(eng, name):
+            continue
+        v = _constant(eng, name, source)
+        got = _type_of(v)
+        if got == want or (want == "number" and got == "integer"):
+            continue
+        what = {"strings": "a list (or set) of strings", "integer": "an integer"}.get(want, f"a {want}")
+        found.append(PolicyError(f"`{name}` must be {what}, got {v!r:.80}", source=source, field=name))
+    if found:
+        if len(found) > 1:
+            found[0].message += f" [and {len(found) - 1} more problem(s)]"
+        found[0].others = tuple(found[1:])
+        raise found[0]

@@ -7,13 +7,14 @@ a content hash of the policy file and is recorded in every decision.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -282,24 +283,52 @@ def parse_policy(content: bytes, source: str, *, limits: Limits | None = None) -
     try:
         policy = Policy.model_validate(data)
     except ValidationError as e:
-        err = e.errors(include_url=False)[0]
-        loc = tuple(err["loc"])
-        field = ".".join(str(p) for p in loc)
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        elif err["type"] == "missing":
-            msg = "required key is missing"
-        else:
-            got = err.get("input")
-            if not isinstance(got, (dict, list)):
-                msg = f"{msg} (got {got!r})"
-        more = len(e.errors()) - 1
+        found = sorted(
+            (_problem(err, source, lines) for err in e.errors(include_url=False)), key=lambda p: p.line or 0
+        )
+        first = found[0]
+        more = len(found) - 1
         if more:
-            msg += f" [and {more} more problem{'s' if more > 1 else ''}]"
-        raise PolicyError(msg, source=source, line=line_for(lines, loc) or 1, field=field) from e
+            first.message += f" [and {more} more problem{'s' if more > 1 else ''}]"
+        first.others = tuple(found[1:])
+        raise first from e
     policy._revision = policy_revision(content)
     return policy
+
+
+def _known_keys(loc: tuple[Any, ...]) -> list[str]:
+    """The keys the policy schema allows in the mapping at ``loc`` (its parent's fields)."""
+    model: Any = Policy
+    for part in loc:
+        if not isinstance(part, str):
+            continue
+        fields = getattr(model, "model_fields", None)
+        if not fields or part not in fields:
+            break
+        ann = fields[part].annotation
+        inner = [a for a in getattr(ann, "__args__", ()) if hasattr(a, "model_fields")]
+        model = ann if hasattr(ann, "model_fields") else (inner[0] if inner else None)
+    fields = getattr(model, "model_fields", None) or {}
+    return [f.alias or name for name, f in fields.items()]
+
+
+def _problem(err: Any, source: str, lines: Any) -> PolicyError:
+    """One pydantic error as a ``file:line: field: message`` problem (``did you mean`` for a key)."""
+    loc = tuple(err["loc"])
+    field = ".".join(str(p) for p in loc)
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+        close = difflib.get_close_matches(str(loc[-1]), _known_keys(loc[:-1]), n=1, cutoff=0.6)
+        if close:
+            msg += f" (did you mean {close[0]!r}?)"
+    elif err["type"] == "missing":
+        msg = "required key is missing"
+    else:
+        got = err.get("input")
+        if not isinstance(got, (dict, list)):
+            msg = f"{msg} (got {got!r})"
+    return PolicyError(msg, source=source, line=line_for(lines, loc) or 1, field=field)
 
 
 def read_policy_bytes(file: Path, limits: Limits) -> bytes:

@@ -1,0 +1,229 @@
+"""CI formats for ``semgov check`` (a JSON document, JUnit XML, SARIF 2.1.0, GitHub annotations)
+and ``semgov policy test`` (JSON, JUnit XML, GitHub annotations).
+
+Pure rendering of a :class:`CheckReport` (what one run found); the command fills it in. The
+conventions are conftest's and OPA's: every decision is a test; a test fails when its decision
+differs from the request's ``expect`` or it was decided by errors alone (a deny no gate failed:
+the engine failed, timed out or answered something invalid, or a fact could not be computed);
+a malformed request line is a failure too; under ``--expect`` a decision with no expectation is
+a warning. The closing line of every format is ``N tests, N passed, N warnings, N failures``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+from xml.sax.saxutils import escape, quoteattr
+
+if TYPE_CHECKING:
+    from semgov.policy.testing import TestOutcome
+
+Kind = Literal["mismatch", "error", "malformed"]
+RULES: dict[Kind, tuple[str, str]] = {
+    "mismatch": ("semgov/decision-mismatch", "A decision differs from the request's expectation"),
+    "error": ("semgov/error-decision", "A decision was made by errors alone (no gate failed)"),
+    "malformed": ("semgov/malformed-request", "A captured request line is not a valid request"),
+}
+CHECK_REPORT_SCHEMA = "semgov.check_report/v1"
+POLICY_TEST_REPORT_SCHEMA = "semgov.policy_test_report/v1"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One failed test: what, where (request, donor, captured line when known) and why."""
+
+    kind: Kind
+    message: str
+    request_id: str | None = None
+    donor_id: str | None = None
+    line: int | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "rule": RULES[self.kind][0],
+            "request_id": self.request_id,
+            "donor_id": self.donor_id,
+            "line": self.line,
+            "message": self.message,
+        }
+
+
+@dataclass
+class CheckReport:
+    """What one ``semgov check`` run found."""
+
+    captured: str
+    policy: dict[str, str]
+    decisions: int = 0
+    allow: int = 0
+    approved_tokens: int = 0
+    warnings: int = 0
+    findings: list[Finding] = field(default_factory=list)
+    gates: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def failures(self) -> int:
+        return len(self.findings)
+
+    @property
+    def tests(self) -> int:
+        """Every decision, and every malformed line (whose donors get deny decisions too)."""
+        return self.decisions + sum(1 for f in self.findings if f.kind == "malformed")
+
+    @property
+    def passed(self) -> int:
+        return self.tests - self.failures - self.warnings
+
+    def closing_line(self) -> str:
+        return f"{self.tests} tests, {self.passed} passed, {self.warnings} warnings, {self.failures} failures"
+
+    def count(self, kind: Kind) -> int:
+        return sum(1 for f in self.findings if f.kind == kind)
+
+
+def render_json(r: CheckReport) -> str:
+    doc = {
+        "schema": CHECK_REPORT_SCHEMA,
+        "captured": r.captured,
+        "policy": r.policy,
+        "summary": {
+            "tests": r.tests,
+            "passed": r.passed,
+            "warnings": r.warnings,
+            "failures": r.failures,
+            "decisions": r.decisions,
+            "allow": r.allow,
+            "deny": r.decisions - r.allow,
+            "approved_tokens": r.approved_tokens,
+            "mismatches": r.count("mismatch"),
+            "errors": r.count("error"),
+            "malformed": r.count("malformed"),
+        },
+        "gates": r.gates,
+        "findings": [f.as_json() for f in r.findings],
+    }
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def render_junit(r: CheckReport) -> str:
+    """One testsuite; one testcase per finding, plus one for everything that passed (JUnit readers
+    show counts from the suite's attributes)."""
+    failures = r.count("mismatch") + r.count("malformed")
+    errors = r.count("error")
+    name = quoteattr(f"semgov check {r.captured}")
+    out = [
+        '<?xml version="1.0" encoding="UTF-8"?>',
+        f'<testsuites name={name} tests="{r.tests}" failures="{failures}" errors="{errors}">',
+        f'  <testsuite name={name} tests="{r.tests}" failures="{failures}" errors="{errors}" '
+        f'skipped="{r.warnings}">',
+    ]
+    for f in r.findings:
+        cls = quoteattr(f.request_id or f"line {f.line}")
+        case = quoteattr(f"donor {f.donor_id}" if f.donor_id else f.kind)
+        tag = "error" if f.kind == "error" else "failure"
+        out.append(f"    <testcase classname={cls} name={case}>")
+        out.append(f"      <{tag} type={quoteattr(RULES[f.kind][0])} message={quoteattr(f.message)}/>")
+        out.append("    </testcase>")
+    ok = quoteattr(f"{r.passed} decisions as expected")
+    out.append(f'    <testcase classname="semgov" name={ok}/>')
+    out.append(f"    <system-out>{escape(r.closing_line())}</system-out>")
+    out += ["  </testsuite>", "</testsuites>", ""]
+    return "\n".join(out)
+
+
+def render_sarif(r: CheckReport, version: str) -> str:
+    results = []
+    for f in r.findings:
+        region = {"region": {"startLine": f.line}} if f.line is not None else {}
+        results.append(
+            {
+                "ruleId": RULES[f.kind][0],
+                "level": "error",
+                "message": {"text": f.message},
+                "locations": [{"physicalLocation": {"artifactLocation": {"uri": r.captured}, **region}}],
+                "properties": {"request_id": f.request_id, "donor_id": f.donor_id},
+            }
+        )
+    doc = {
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": "semgov",
+                        "version": version,
+                        "rules": [
+                            {"id": rid, "shortDescription": {"text": text}} for rid, text in RULES.values()
+                        ],
+                    }
+                },
+                "results": results,
+                "properties": {"summary": r.closing_line(), "policy": r.policy},
+            }
+        ],
+    }
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def _gh(text: str) -> str:
+    """A GitHub workflow command's message: ``%``, CR and LF escaped as the runner expects."""
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def render_github(r: CheckReport) -> str:
+    """GitHub Actions workflow commands: one ``::error`` per finding, a ``::notice`` summary."""
+    out = []
+    for f in r.findings:
+        where = f"file={_gh(r.captured).replace(',', '%2C')}" + (f",line={f.line}" if f.line else "")
+        title = _gh(RULES[f.kind][1]).replace(",", "%2C").replace(":", "%3A")
+        out.append(f"::error {where},title={title}::{_gh(f.message)}")
+    out.append(f"::notice title=semgov check::{_gh(r.closing_line())}")
+    out.append(r.closing_line())
+    return "\n".join(out) + "\n"
+
+
+def render_tests(outcomes: Sequence[TestOutcome], fmt: str, suite: str, engine: str, closing: str) -> str:
+    """``semgov policy test`` as ``json``, ``junit`` or ``github``: one entry per test."""
+    if fmt == "json":
+        doc = {
+            "schema": POLICY_TEST_REPORT_SCHEMA,
+            "suite": suite,
+            "engine": engine,
+            "summary": closing,
+            "tests": [
+                {"name": o.name, "location": o.location, "status": o.status, "message": o.message,
+                 "seconds": round(o.seconds, 6)}
+                for o in outcomes
+            ],
+        }  # fmt: skip
+        return json.dumps(doc, indent=2) + "\n"
+    if fmt == "github":
+        out = [
+            f"::error title={_gh(o.status)} {_gh(o.name)}::{_gh(o.location)}: {_gh(o.message)}"
+            for o in outcomes
+            if o.status != "PASS"
+        ]
+        return "\n".join([*out, f"::notice title=semgov policy test::{_gh(closing)}", closing]) + "\n"
+    failures = sum(o.status == "FAIL" for o in outcomes)
+    errors = sum(o.status not in ("PASS", "FAIL") for o in outcomes)
+    name = quoteattr(suite)
+    lines = [
+        '<?xml version="1.0" encoding="UTF-8"?>',
+        f'<testsuites name={name} tests="{len(outcomes)}" failures="{failures}" errors="{errors}">',
+        f'  <testsuite name={name} tests="{len(outcomes)}" failures="{failures}" errors="{errors}">',
+    ]
+    for o in outcomes:
+        head = (
+            f'    <testcase classname={quoteattr(o.location)} name={quoteattr(o.name)} time="{o.seconds:.6f}"'
+        )
+        if o.status == "PASS":
+            lines.append(head + "/>")
+            continue
+        tag = "failure" if o.status == "FAIL" else "error"
+        lines += [head + ">", f"      <{tag} message={quoteattr(o.message)}/>", "    </testcase>"]
+    lines += [f"    <system-out>{escape(closing)}</system-out>", "  </testsuite>", "</testsuites>", ""]
+    return "\n".join(lines)
