@@ -12,6 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from semgov import log
 from semgov.cli.check import add_limit_flags, limits_from_args
+from semgov.cli.report import CheckReport, Finding, render_github, render_junit, render_sarif
 from semgov.decide import Evaluator
 from semgov.errors import InputError
 from semgov.intake.capture import MalformedLine, read_captured
@@ -79,7 +80,12 @@ def register(sub: Any) -> None:
         "--now", metavar="RFC3339", help="decision clock for every request (default: its received_at)"
     )
     p.add_argument(
-        "--format", choices=("table", "json", "jsonl"), default="table", help="stdout format (default: table)"
+        "--format",
+        choices=("table", "json", "jsonl", "junit", "sarif", "github"),
+        default="table",
+        help="stdout format (default: table); junit, sarif and github report each flip and span change "
+        "as a failure (deny-reason changes as warnings) for CI; table and CI formats end with "
+        "`N tests, N passed, N warnings, N failures`",
     )
     p.add_argument(
         "--show",
@@ -128,14 +134,54 @@ def run(args: argparse.Namespace) -> int:
                 stdout.write(json.dumps(change.as_json(), separators=(",", ":")) + "\n")
     if args.format == "table":
         _table(diff, args, ev_a, ev_b, stdout)
+        stdout.write(_ci_report(diff, args, ev_a, ev_b).closing_line() + "\n")
     elif args.format == "json":
         json.dump(_document(diff, args, ev_a, ev_b), stdout, indent=2)
         stdout.write("\n")
+    elif args.format in ("junit", "sarif", "github"):
+        stdout.write(_render_ci(_ci_report(diff, args, ev_a, ev_b), args.format))
     stdout.flush()
     if diff.malformed:
         logger.error(f"{diff.malformed} malformed line(s) in {args.captured}")
         return 2
     return 1 if diff.acted_on else 0
+
+
+def _ci_report(diff: Diff, args: argparse.Namespace, ev_a: Evaluator, ev_b: Evaluator) -> CheckReport:
+    """The diff as a CI report: every decision compared is a test; a flip or a span change fails it,
+    a deny-reason change is a warning; a malformed line is a failure too."""
+    findings = [
+        Finding("spans" if c.kind == "spans" else "flip", _finding_text(c), c.request_id, c.donor_id)
+        for c in diff.changes
+        if c.kind != "reasons"
+    ]
+    findings += [Finding("malformed", "malformed request line", None) for _ in range(diff.malformed)]
+    policies = {"a": _policy_json(ev_a, args.policy[0]), "b": _policy_json(ev_b, args.policy[1])}
+    return CheckReport(
+        str(args.captured),
+        policies,
+        command="semgov diff",
+        decisions=diff.compared,
+        allow=diff.b_allow,
+        warnings=diff.totals.kinds["reasons"],
+        findings=findings,
+    )
+
+
+def _finding_text(c: Change) -> str:
+    gates = "; ".join(f"{g.gate} {g.a}->{g.b}: {g.b_detail or g.a_detail}" for g in c.gates if g.a != g.b)
+    where = f"tenant {c.tenant}, namespace {c.namespace}, task {c.task}"
+    return f"{c.kind}: approved tokens {c.a_tokens} -> {c.b_tokens} ({where})" + (
+        f"; {gates}" if gates else ""
+    )
+
+
+def _render_ci(report: CheckReport, fmt: str) -> str:
+    from semgov import __version__
+
+    if fmt == "sarif":
+        return render_sarif(report, __version__)
+    return render_junit(report) if fmt == "junit" else render_github(report)
 
 
 def _policy_json(ev: Evaluator, path: Path) -> dict[str, str]:

@@ -20,11 +20,13 @@ from xml.sax.saxutils import escape, quoteattr
 if TYPE_CHECKING:
     from semgov.policy.testing import TestOutcome
 
-Kind = Literal["mismatch", "error", "malformed"]
+Kind = Literal["mismatch", "error", "malformed", "flip", "spans"]
 RULES: dict[Kind, tuple[str, str]] = {
     "mismatch": ("semgov/decision-mismatch", "A decision differs from the request's expectation"),
     "error": ("semgov/error-decision", "A decision was made by errors alone (no gate failed)"),
     "malformed": ("semgov/malformed-request", "A captured request line is not a valid request"),
+    "flip": ("semgov/decision-flip", "The policy change flips a decision"),
+    "spans": ("semgov/span-change", "The policy change changes what an allow reuses"),
 }
 CHECK_REPORT_SCHEMA = "semgov.check_report/v1"
 POLICY_TEST_REPORT_SCHEMA = "semgov.policy_test_report/v1"
@@ -56,7 +58,8 @@ class CheckReport:
     """What one ``semgov check`` run found."""
 
     captured: str
-    policy: dict[str, str]
+    policy: dict[str, Any]
+    command: str = "semgov check"
     decisions: int = 0
     allow: int = 0
     approved_tokens: int = 0
@@ -111,9 +114,9 @@ def render_json(r: CheckReport) -> str:
 def render_junit(r: CheckReport) -> str:
     """One testsuite; one testcase per finding, plus one for everything that passed (JUnit readers
     show counts from the suite's attributes)."""
-    failures = r.count("mismatch") + r.count("malformed")
     errors = r.count("error")
-    name = quoteattr(f"semgov check {r.captured}")
+    failures = r.failures - errors
+    name = quoteattr(f"{r.command} {r.captured}")
     out = [
         '<?xml version="1.0" encoding="UTF-8"?>',
         f'<testsuites name={name} tests="{r.tests}" failures="{failures}" errors="{errors}">',
@@ -127,7 +130,11 @@ def render_junit(r: CheckReport) -> str:
         out.append(f"    <testcase classname={cls} name={case}>")
         out.append(f"      <{tag} type={quoteattr(RULES[f.kind][0])} message={quoteattr(f.message)}/>")
         out.append("    </testcase>")
-    ok = quoteattr(f"{r.passed} decisions as expected")
+    ok = quoteattr(
+        f"{r.passed} decisions unchanged"
+        if r.command == "semgov diff"
+        else f"{r.passed} decisions as expected"
+    )
     out.append(f'    <testcase classname="semgov" name={ok}/>')
     out.append(f"    <system-out>{escape(r.closing_line())}</system-out>")
     out += ["  </testsuite>", "</testsuites>", ""]
@@ -181,7 +188,7 @@ def render_github(r: CheckReport) -> str:
         where = f"file={_gh(r.captured).replace(',', '%2C')}" + (f",line={f.line}" if f.line else "")
         title = _gh(RULES[f.kind][1]).replace(",", "%2C").replace(":", "%3A")
         out.append(f"::error {where},title={title}::{_gh(f.message)}")
-    out.append(f"::notice title=semgov check::{_gh(r.closing_line())}")
+    out.append(f"::notice title={_gh(r.command)}::{_gh(r.closing_line())}")
     out.append(r.closing_line())
     return "\n".join(out) + "\n"
 

@@ -186,3 +186,46 @@ def test_bad_usage_and_malformed_lines_exit_two(tmp_path: Path, capsys: pytest.C
     assert main(["diff", str(small), *twice, "--trust", str(ASSETS / "keyring.json")]) == 2
     out, err = capsys.readouterr()
     assert f"{small}:2: skipped malformed request" in err and "requests 3 (1 malformed)" in out
+
+
+def test_ci_formats_report_each_flip_and_agree_with_json(
+    captured: Path, strict: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """junit, sarif and github list one failure per flip or span change (deny-reason changes are
+    warnings), with the same counts as --format json; the table ends with the closing line."""
+    base = [
+        "diff",
+        str(captured),
+        "--policy",
+        str(DEFAULT_POLICY_DIR),
+        "--policy",
+        str(strict),
+        "--trust",
+        TRUST,
+    ]
+    assert main([*base, "--format", "json"]) == 1
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    failing = summary["allow->deny"] + summary["deny->allow"] + summary["spans"]
+    assert failing > 0 and summary["allow->deny"] > 0
+    n, reasons = summary["decisions_compared"], summary["reasons"]
+    closing = f"{n} tests, {n - failing - reasons} passed, {reasons} warnings, {failing} failures"
+    assert main(base) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == closing
+    assert main([*base, "--format", "github"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert len([x for x in out if x.startswith("::error ")]) == failing and out[-1] == closing
+    assert main([*base, "--format", "sarif"]) == 1
+    sarif = json.loads(capsys.readouterr().out)
+    rules = {r["ruleId"] for r in sarif["runs"][0]["results"]}
+    assert len(sarif["runs"][0]["results"]) == failing and rules <= {
+        "semgov/decision-flip",
+        "semgov/span-change",
+    }
+    assert main([*base, "--format", "junit"]) == 1
+    import xml.etree.ElementTree as ET
+
+    suite = ET.fromstring(capsys.readouterr().out).find("testsuite")
+    assert suite is not None and suite.get("failures") == str(failing)
+    assert suite.get("tests") == str(summary["decisions_compared"]) and suite.get("skipped") == str(
+        summary["reasons"]
+    )
