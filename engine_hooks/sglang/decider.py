@@ -308,6 +308,10 @@ def _serve(inp: IO[bytes], out: IO[bytes]) -> int:
         if not (isinstance(init, tuple) and init[:1] == ("init",) and isinstance(init[1], HookSettings)):
             raise ValueError(f"expected the hook's settings first, got {type(init).__name__}")
         _, settings, tokenizer_path, engine = init
+        if settings.log_format is not None:
+            from semgov import log
+
+            log.configure(settings.log_format)
         child = _Child(out, settings, tokenizer_path, engine)
     except Exception as e:  # noqa: BLE001 - reported to the parent, which refuses to build
         send(out, ("error", f"{type(e).__name__}: {e}"))

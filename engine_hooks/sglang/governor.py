@@ -146,6 +146,10 @@ class Governor:
         self.settings = settings
         self.engine_name = engine_name
         self.clock = clock
+        if settings.log_format is not None:
+            from semgov import log
+
+            log.configure(settings.log_format)
         self.signing_key: SigningKey = load_signing_key(settings.signing_key)
         self.context_key, self.previous_context_keys = read_context_keys(settings)
         remote = settings.async_decisions and settings.decision_process

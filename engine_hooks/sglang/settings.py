@@ -111,6 +111,10 @@ class HookSettings:
     reload_poll_ms: int = 1000
     """How often the policy files and the keyring are checked for changes (a change reloads them
     between two decisions; so does SIGHUP to the scheduler process); 0: on SIGHUP only."""
+    log_format: str | None = None
+    """``json``: the hook's log lines (and semgov's, in this process and the decision process) as
+    JSON lines with their fields (request id, decision id, tenant where a line has them); ``text``;
+    None (unset): leave the process's structlog configuration as it is."""
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -156,6 +160,7 @@ class HookSettings:
             capture_text=e.flag("SEMGOV_CAPTURE_TEXT", False),
             capture_max_mb=e.integer("SEMGOV_CAPTURE_MAX_MB", 64, 1, 1 << 20),
             reload_poll_ms=e.integer("SEMGOV_RELOAD_POLL_MS", 1000, 0, 3_600_000),
+            log_format=e.choice("SEMGOV_LOG_FORMAT", ("text", "json")),
         )
 
 
@@ -204,6 +209,14 @@ class _Env:
         if v in ("0", "false", "no", "off"):
             return False
         raise HookConfigError(f"{name}={v!r}: expected 1/0, true/false, yes/no or on/off")
+
+    def choice(self, name: str, choices: tuple[str, ...]) -> str | None:
+        v = self.text(name).lower()
+        if not v:
+            return None
+        if v not in choices:
+            raise HookConfigError(f"{name}={v!r}: expected one of {', '.join(choices)}")
+        return v
 
     def share(self, name: str, default: float = 0.0) -> float:
         v = self.text(name)

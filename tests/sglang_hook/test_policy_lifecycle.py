@@ -294,3 +294,31 @@ def test_a_shadow_policy_that_does_not_load_refuses_the_server(hook_files: HookF
     write_policy(shadow, "name: x\nversion: [\n")
     with pytest.raises(HookConfigError, match="SEMGOV_SHADOW_POLICY"):
         governor(hook_files, "thread", SEMGOV_SHADOW_POLICY=str(shadow)).close()
+
+
+def test_json_logs_carry_their_fields(hook_files: HookFiles) -> None:
+    """SEMGOV_LOG_FORMAT=json: the hook's log lines are JSON objects with the event and its fields
+    (in a fresh process: it configures structlog for the whole process)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, **hook_files.env(SEMGOV_LOG_FORMAT="json", SEMGOV_DETOKENIZER="none")}
+    code = (
+        "from engine_hooks.sglang.governor import Governor\n"
+        "from engine_hooks.sglang.settings import HookSettings\n"
+        "Governor(HookSettings.from_env(), engine_name='test').close()\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=str(root), capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [json.loads(x) for x in out.stderr.splitlines() if x.startswith("{")]
+    (no_text,) = [x for x in lines if x["event"].startswith("semgov hook has no donor text")]
+    assert no_text["detokenizer"] == "none" and no_text["level"] == "warning" and "timestamp" in no_text
+
+
+def test_an_unknown_log_format_is_refused(hook_files: HookFiles) -> None:
+    """SEMGOV_LOG_FORMAT takes text or json, and says so."""
+    with pytest.raises(HookConfigError, match="SEMGOV_LOG_FORMAT"):
+        HookSettings.from_env(hook_files.env(SEMGOV_LOG_FORMAT="xml"))
