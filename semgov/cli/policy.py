@@ -71,6 +71,12 @@ def register(sub: Any) -> None:
     )  # fmt: skip
     t.add_argument("-v", "--verbose", action="store_true", help="list passing tests too")
     t.add_argument(
+        "--coverage",
+        action="store_true",
+        help="Rego: after the tests, the lines of each policy module the Rego tests evaluated and those "
+        "they never reached (measured by regorus)",
+    )
+    t.add_argument(
         "--format",
         choices=("text", "json", "junit", "github"),
         default="text",
@@ -169,7 +175,40 @@ def run_test(args: argparse.Namespace) -> int:
         print(closing)
     else:
         print(render_tests(outcomes, args.format, f"semgov policy test {d}", engine.name, closing), end="")
+    if args.coverage:
+        _print_coverage(policy, d, run, to_stderr=args.format != "text")
     return 0 if passed == len(outcomes) else 1
+
+
+def _ranges(lines: tuple[int, ...]) -> str:
+    """``1-3, 7, 9-10`` for lines 1, 2, 3, 7, 9, 10."""
+    out: list[str] = []
+    for n in sorted(lines):
+        if out and n == int(out[-1].split("-")[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{n}"
+        else:
+            out.append(str(n))
+    return ", ".join(out)
+
+
+def _print_coverage(policy: Any, d: Path, run: re.Pattern[str] | None, *, to_stderr: bool) -> None:
+    """``--coverage``: line coverage of a Rego policy's modules (a YAML policy has no rule lines)."""
+    import sys
+
+    from semgov.policy.testing import rego_coverage
+
+    out = sys.stderr if to_stderr else sys.stdout
+    if not isinstance(policy, RegoPolicy):
+        print(
+            f"{d}: coverage: a YAML policy has no rule lines; its case files' gates say what is tested",
+            file=out,
+        )
+        return
+    for f in rego_coverage(d, run=run):
+        n = len(f.covered) + len(f.not_covered)
+        print(f"coverage {f.path}: {len(f.covered)}/{n} lines ({f.share:.1%})", file=out)
+        if f.not_covered:
+            print(f"  not reached: {_ranges(f.not_covered)}", file=out)
 
 
 def run_eval(args: argparse.Namespace) -> int:
