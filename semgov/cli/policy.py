@@ -73,8 +73,16 @@ def register(sub: Any) -> None:
     t.add_argument(
         "--coverage",
         action="store_true",
-        help="Rego: after the tests, the lines of each policy module the Rego tests evaluated and those "
-        "they never reached (measured by regorus)",
+        help="after the tests: per gate, how many cases saw it pass, fail and error (a gate no case "
+        "fails is named); for a Rego policy also the lines of each module the Rego tests evaluated and "
+        "those they never reached (measured by regorus)",
+    )
+    t.add_argument(
+        "--explain",
+        action="store_true",
+        help="for each failed test, say why: a case's deny set, the input facts each gate read and the "
+        "rule behind it (policy.yaml line, or the Rego deny rules that fired); a Rego test rule's first "
+        "statement that does not hold, the local values it read and the deny set under its input",
     )
     t.add_argument(
         "--format",
@@ -152,10 +160,11 @@ def run_test(args: argparse.Namespace) -> int:
     outcomes: list[TestOutcome] = []
     if isinstance(policy, RegoPolicy):
         rego_engine = "opa-inprocess" if args.engine == "opa-inprocess" else "regorus"
-        outcomes += run_rego_tests(d, run=run, engine=rego_engine)
+        outcomes += run_rego_tests(d, run=run, engine=rego_engine, explain=args.explain)
     engine = make_engine(policy, args.engine)
+    explain = _case_explainer(policy, d) if args.explain else None
     for f in case_files(d) if d.is_dir() else []:
-        outcomes += run_case_file(f, engine, run=run)
+        outcomes += run_case_file(f, engine, run=run, explain=explain)
     if not outcomes:
         where = "*_test.rego or *_test.yaml" if d.is_dir() else POLICY_FILE
         print(f"{d}: no tests found ({where}){' matching --run' if run else ''}")
@@ -169,6 +178,8 @@ def run_test(args: argparse.Namespace) -> int:
             if o.status != "PASS" or args.verbose:
                 msg = f": {o.message}" if o.message else ""
                 print(f"{o.status} {o.name} ({o.location}, {o.seconds * 1e3:.1f} ms){msg}")
+                for line in o.explanation:
+                    print(f"    {line}")
         print("-" * 72)
         print(f"{engine.name}: PASS {passed}/{len(outcomes)}" + (f", FAIL {failed}" if failed else "")
               + (f", ERROR {errors}" if errors else ""))  # fmt: skip
@@ -176,8 +187,15 @@ def run_test(args: argparse.Namespace) -> int:
     else:
         print(render_tests(outcomes, args.format, f"semgov policy test {d}", engine.name, closing), end="")
     if args.coverage:
-        _print_coverage(policy, d, run, to_stderr=args.format != "text")
+        _print_coverage(policy, d, run, outcomes, to_stderr=args.format != "text")
     return 0 if passed == len(outcomes) else 1
+
+
+def _case_explainer(policy: Any, d: Path) -> Any:
+    """``--explain`` for case files: :func:`semgov.policy.explain.explain_case` on this policy."""
+    from semgov.policy.explain import explain_case
+
+    return lambda doc, result, gates: explain_case(policy, d, doc, result, gates)
 
 
 def _ranges(lines: tuple[int, ...]) -> str:
@@ -191,18 +209,26 @@ def _ranges(lines: tuple[int, ...]) -> str:
     return ", ".join(out)
 
 
-def _print_coverage(policy: Any, d: Path, run: re.Pattern[str] | None, *, to_stderr: bool) -> None:
-    """``--coverage``: line coverage of a Rego policy's modules (a YAML policy has no rule lines)."""
+def _print_coverage(
+    policy: Any, d: Path, run: re.Pattern[str] | None, outcomes: list[TestOutcome], *, to_stderr: bool
+) -> None:
+    """``--coverage``: gate outcomes the case files exercised, and line coverage of a Rego
+    policy's modules by its Rego tests."""
     import sys
 
-    from semgov.policy.testing import rego_coverage
+    from semgov.policy.testing import gate_coverage, rego_coverage
 
     out = sys.stderr if to_stderr else sys.stdout
+    table = gate_coverage(outcomes)
+    decided = sum(bool(o.gates) for o in outcomes)
+    if decided:
+        print(f"gate coverage ({decided} decided case(s)): pass/fail/error", file=out)
+    else:
+        print(f"{d}: gate coverage: no *_test.yaml case decided (Rego test rules decide no gates)", file=out)
+    for gate, counts in table.items() if decided else ():
+        gap = "" if counts["fail"] else "   <- no case fails this gate"
+        print(f"  {gate:<18} {counts['pass']:>4} {counts['fail']:>4} {counts['error']:>4}{gap}", file=out)
     if not isinstance(policy, RegoPolicy):
-        print(
-            f"{d}: coverage: a YAML policy has no rule lines; its case files' gates say what is tested",
-            file=out,
-        )
         return
     for f in rego_coverage(d, run=run):
         n = len(f.covered) + len(f.not_covered)

@@ -203,7 +203,8 @@ def render_tests(outcomes: Sequence[TestOutcome], fmt: str, suite: str, engine: 
             "summary": closing,
             "tests": [
                 {"name": o.name, "location": o.location, "status": o.status, "message": o.message,
-                 "seconds": round(o.seconds, 6)}
+                 "seconds": round(o.seconds, 6),
+                 **({"explanation": list(o.explanation)} if o.explanation else {})}
                 for o in outcomes
             ],
         }  # fmt: skip
@@ -211,6 +212,7 @@ def render_tests(outcomes: Sequence[TestOutcome], fmt: str, suite: str, engine: 
     if fmt == "github":
         out = [
             f"::error title={_gh(o.status)} {_gh(o.name)}::{_gh(o.location)}: {_gh(o.message)}"
+            + "".join(_gh("\n" + line) for line in o.explanation)
             for o in outcomes
             if o.status != "PASS"
         ]
@@ -231,6 +233,11 @@ def render_tests(outcomes: Sequence[TestOutcome], fmt: str, suite: str, engine: 
             lines.append(head + "/>")
             continue
         tag = "failure" if o.status == "FAIL" else "error"
-        lines += [head + ">", f"      <{tag} message={quoteattr(o.message)}/>", "    </testcase>"]
+        body = escape("\n".join(o.explanation))
+        lines += [
+            head + ">",
+            f"      <{tag} message={quoteattr(o.message)}>{body}</{tag}>",
+            "    </testcase>",
+        ]
     lines += [f"    <system-out>{escape(closing)}</system-out>", "  </testsuite>", "</testsuites>", ""]
     return "\n".join(lines)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -36,7 +37,8 @@ from semgov._internal.yamlload import Path_, line_for, load_yaml_with_lines
 from semgov.errors import PolicyError
 from semgov.intake.limits import Limits
 from semgov.policy.checks import checked_result
-from semgov.policy.engine import PolicyEngine
+from semgov.policy.engine import EngineResult, PolicyEngine
+from semgov.policy.explain import explain_rego_test
 from semgov.policy.rego.loader import lint_ast, rego_files, syntax_diagnostic
 from semgov.wire.models import GATES
 from semgov.wire.policy_input import PolicyInput
@@ -54,6 +56,8 @@ class TestOutcome:
     status: str  # "PASS" | "FAIL" | "ERROR"
     message: str
     seconds: float
+    explanation: tuple[str, ...] = ()  # --explain: why it failed (semgov.policy.explain)
+    gates: tuple[tuple[str, str], ...] = ()  # a case's (gate, outcome) pairs, for --coverage
 
 
 # ---- Rego -----------------------------------------------------------------
@@ -80,9 +84,10 @@ def discover_rego_tests(directory: Path) -> list[tuple[str, str, str]]:
 
 
 def run_rego_tests(
-    directory: Path, *, run: re.Pattern[str] | None = None, engine: str = "regorus"
+    directory: Path, *, run: re.Pattern[str] | None = None, engine: str = "regorus", explain: bool = False
 ) -> list[TestOutcome]:
-    """Evaluate every Rego test rule (matching ``run`` on ``data.<pkg>.<rule>``)."""
+    """Evaluate every Rego test rule (matching ``run`` on ``data.<pkg>.<rule>``); with ``explain``,
+    a failed one says where its body stopped holding (:func:`semgov.policy.explain.explain_rego_test`)."""
     modules, tests = rego_files(directory)
     selected = [t for t in discover_rego_tests(directory) if run is None or run.search(f"data.{t[0]}.{t[1]}")]
     if not selected:
@@ -104,8 +109,22 @@ def run_rego_tests(
             )
         except Exception as e:  # noqa: BLE001
             status, msg = "ERROR", str(e).split("Stack backtrace:")[0].strip().splitlines()[0]
-        out.append(TestOutcome(name, path, status, msg, time.perf_counter() - t0))
+        seconds = time.perf_counter() - t0
+        why: tuple[str, ...] = ()
+        if explain and status != "PASS":
+            why = _explained(explain_rego_test, directory, {**modules, **tests}, path, rule)
+        out.append(TestOutcome(name, path, status, msg, seconds, why))
     return out
+
+
+def gate_coverage(outcomes: list[TestOutcome]) -> dict[str, dict[str, int]]:
+    """Per gate, how many decided cases saw it pass, fail and error (Rego test rules decide no
+    gates and count nothing)."""
+    table: dict[str, dict[str, int]] = {g: dict.fromkeys(GATE_RESULTS, 0) for g in GATES}
+    for o in outcomes:
+        for gate, result in o.gates:
+            table[gate][result] += 1
+    return table
 
 
 @dataclass(frozen=True)
@@ -147,6 +166,14 @@ def rego_coverage(directory: Path, *, run: re.Pattern[str] | None = None) -> lis
         for f in report.get("files", [])
         if f.get("path") in wanted
     ]
+
+
+def _explained(make: Callable[..., list[str]], *args: Any) -> tuple[str, ...]:
+    """``make(*args)``: an explanation, or why there is none: explaining never fails a run."""
+    try:
+        return tuple(make(*args))
+    except Exception as e:  # noqa: BLE001
+        return (f"(no explanation: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})",)
 
 
 def _rego_evaluator(directory: Path, sources: dict[str, str], engine: str) -> Any:
@@ -331,10 +358,14 @@ def load_case_file(path: Path, *, limits: Limits | None = None) -> list[Case]:
     return out
 
 
+Explain = Callable[[PolicyInput, EngineResult | None, dict[str, str]], list[str]]
+
+
 def run_case_file(
-    path: Path, engine: PolicyEngine, *, run: re.Pattern[str] | None = None
+    path: Path, engine: PolicyEngine, *, run: re.Pattern[str] | None = None, explain: Explain | None = None
 ) -> list[TestOutcome]:
-    """Run the cases of one YAML case file through ``engine`` (with semgov's fail-closed checks).
+    """Run the cases of one YAML case file through ``engine`` (with semgov's fail-closed checks);
+    ``explain`` (``--explain``) is asked why each case that did not pass failed.
 
     The whole file is validated first (:func:`load_case_file`), whatever ``run`` selects: a
     malformed case is a ``PolicyError``, never a decision.
@@ -349,7 +380,9 @@ def run_case_file(
         try:
             result = checked_result(engine.evaluate(case.doc), case.doc)
         except Exception as e:  # noqa: BLE001
-            out.append(TestOutcome(case.name, loc, "ERROR", f"engine failed: {type(e).__name__}: {e}", 0.0))
+            why = _explained(explain, case.doc, None, case.gates) if explain else ()
+            msg = f"engine failed: {type(e).__name__}: {e}"
+            out.append(TestOutcome(case.name, loc, "ERROR", msg, time.perf_counter() - t0, why))
             continue
         allow = all(g.result == "pass" for g in result.gates) and bool(result.approved_spans)
         got: dict[str, str] = {g.gate: g.result for g in result.gates}
@@ -361,5 +394,7 @@ def run_case_file(
             if got.get(gate) != want:
                 problems.append(f"gate {gate}: expected {want}, got {got.get(gate, 'nothing')}")
         status = "FAIL" if problems else "PASS"
-        out.append(TestOutcome(case.name, loc, status, "; ".join(problems), time.perf_counter() - t0))
+        seconds = time.perf_counter() - t0
+        why = _explained(explain, case.doc, result, case.gates) if explain and problems else ()
+        out.append(TestOutcome(case.name, loc, status, "; ".join(problems), seconds, why, tuple(got.items())))
     return out

@@ -113,7 +113,14 @@ def test_rego_coverage_names_the_lines_the_tests_never_reach(capsys: pytest.Capt
         assert all(1 <= int(x) <= n_lines for x in piece.strip().split("-"))
 
 
-def test_yaml_coverage_says_what_stands_for_it(capsys: pytest.CaptureFixture[str]) -> None:
-    """A YAML policy has no rule lines to cover: --coverage says so instead of printing nothing."""
+def test_yaml_coverage_counts_gate_outcomes(capsys: pytest.CaptureFixture[str]) -> None:
+    """For case files --coverage counts, per gate, the cases that saw it pass, fail and error; the
+    counts of each gate add up to the cases decided."""
     assert main(["policy", "test", str(ROOT / "policies" / "default"), "--coverage"]) == 0
-    assert "a YAML policy has no rule lines" in capsys.readouterr().out
+    out = capsys.readouterr().out.splitlines()
+    (head,) = [x for x in out if x.startswith("gate coverage (")]
+    n = int(head.split("(")[1].split()[0])
+    rows = {x.split()[0]: [int(v) for v in x.split()[1:4]] for x in out[out.index(head) + 1 :][:10]}
+    assert set(rows) == {"tenant", "namespace", "provenance", "expiry", "policy_version", "pii", "task",
+                         "response_contract", "similarity", "token_verification"}  # fmt: skip
+    assert all(sum(v) == n for v in rows.values()) and all(v[1] > 0 for v in rows.values())
