@@ -106,7 +106,7 @@ from engine_hooks.sglang.plan import (
 from engine_hooks.sglang.rope import RopeSpec
 from engine_hooks.sglang.tp import Choice, DonorOp, FollowerGovernor, RoundSync, TpLink
 from semgov.decide import SignedDecision
-from semgov.log import get_logger
+from semgov.log import describe_error, get_logger
 
 __all__ = ["GovernedRadixCache", "Piece", "RealizationError", "plan_pieces", "state_of"]
 
@@ -160,6 +160,19 @@ def _int64(tokens: Any) -> np.ndarray[Any, np.dtype[np.int64]]:
     if isinstance(tokens, array) and tokens.typecode == "q":
         return np.frombuffer(tokens, dtype=np.int64)
     return np.asarray(tokens, dtype=np.int64)
+
+
+def log_fields(st: _State | None) -> dict[str, Any]:
+    """What a log line about a request names: its id (the records' label), tenant, namespace and
+    the decision it acts on, when known; never its prompt or tokens."""
+    if st is None:
+        return {}
+    out: dict[str, Any] = {"request_id": st.label}
+    if st.context is not None:
+        out["tenant"], out["namespace"] = st.context.tenant, st.context.namespace
+    if st.chosen is not None:
+        out["decision_id"] = str(st.chosen.record.get("decision_id"))
+    return out
 
 
 def state_of(req: Any) -> _State | None:
@@ -415,7 +428,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             raise
         except Exception as e:  # noqa: BLE001 - bookkeeping failed: stop reusing, keep serving
             self._hook_error("on_release", req, e)
-            self._disable(f"on_release of request {st.label if st else '?'} failed: {type(e).__name__}: {e}")
+            self._disable(f"on_release of request {st.label if st else '?'} failed: {describe_error(e)}", st)
         finally:
             if st is not None:
                 st.sched_ns += time.perf_counter_ns() - t0
@@ -786,7 +799,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             request_id=st.label,
             decision_id=decision_id,
             donor_id=st.donor.donor_id if st.donor is not None else None,
-            detail=f"{type(e).__name__}: {e}",
+            detail=describe_error(e),
         )
         self._check("realization_failed", st)
 
@@ -1019,7 +1032,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         if problem is None:
             return
         who = f" of request {st.label}" if st is not None else ""
-        self._disable(f"after {where}{who}: {problem}")
+        self._disable(f"after {where}{who}: {problem}", st)
 
     def _hook_error(self, where: str, req: Any, e: BaseException) -> None:
         self.stats["hook_errors"] += 1
@@ -1027,13 +1040,15 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         get_logger().error(
             "semgov hook error: the request runs without semantic reuse",
             where=where,
-            request=st.label if st is not None else None,
-            error=f"{type(e).__name__}: {str(e)[:300]}",
+            error=describe_error(e),
+            **log_fields(st),
         )
 
-    def _disable(self, reason: str) -> None:
+    def _disable(self, reason: str, st: _State | None = None) -> None:
         assert self.gov is not None
-        get_logger().error("semgov invariant violation: semantic reuse disabled", reason=reason)
+        get_logger().error(
+            "semgov invariant violation: semantic reuse disabled", reason=reason, **log_fields(st)
+        )
         self.gov.event("invariant_violation", detail=reason)
         if self.tp is not None:
             # NOTE: ranks must change course together: reuse goes off on every rank at the next

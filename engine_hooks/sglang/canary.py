@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from semgov.log import get_logger
+from semgov.log import describe_error, get_logger
 
 CANARY_PREFIX = "semgov-canary:"
 STATE_FILE = "canary-state.json"
@@ -448,12 +448,18 @@ class CanaryRunner:
             if turned_off:
                 # NOTE: the state file is written before the events are audited, so a reader who
                 # sees shifted_reuse_disabled in the audit log also finds it in the state file.
-                get_logger().warning("semgov canary: shifted reuse turned off", scope=describe(canary.scope))
+                get_logger().warning(
+                    "semgov canary: shifted reuse turned off",
+                    scope=describe(canary.scope),
+                    **_canary_fields(canary),
+                )
                 self._persist()
             for ev in self.book.take_events():
                 self.audit(ev)
         except Exception as e:  # noqa: BLE001 - bookkeeping must not kill the thread
-            get_logger().error("semgov canary bookkeeping failed", error=f"{type(e).__name__}: {e}")
+            get_logger().error(
+                "semgov canary bookkeeping failed", error=describe_error(e), **_canary_fields(canary)
+            )
 
     def _persist(self) -> None:
         if self.state_path is None:
@@ -525,7 +531,7 @@ class Canaries:
                 self.runner.poke()
             return queued
         except Exception as e:  # noqa: BLE001 - sampling must never cost the scheduler
-            get_logger().error("semgov canary not queued", error=f"{type(e).__name__}: {e}")
+            get_logger().error("semgov canary not queued", error=describe_error(e))
             return False
 
     def busy(self) -> None:
@@ -544,3 +550,8 @@ class Canaries:
 
     def close(self) -> None:
         self.runner.close()
+
+
+def _canary_fields(canary: Canary) -> dict[str, str | None]:
+    """What a log line about a canary names: the sampled request and the decision it realized."""
+    return {"request_id": canary.request_id, "decision_id": canary.decision_id, "donor_id": canary.donor_id}

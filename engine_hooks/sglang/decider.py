@@ -58,6 +58,7 @@ from typing import IO, Any
 
 from engine_hooks.sglang.context import RequestContext
 from engine_hooks.sglang.settings import HookConfigError, HookSettings
+from semgov.log import bound, describe_error
 
 _LEN = struct.Struct(">I")
 
@@ -126,7 +127,7 @@ class DecisionProcess:
                 send(self._in, msg)
                 return True
             except Exception as e:  # noqa: BLE001 - a dead or confused child: decide nothing more
-                self._fail(f"{type(e).__name__}: {e}")
+                self._fail(describe_error(e))
                 return False
 
     def _fail(self, why: str) -> None:
@@ -141,7 +142,7 @@ class DecisionProcess:
                     raise ValueError(f"unexpected answer {type(msg).__name__}")
             except Exception as e:  # noqa: BLE001 - EOF, junk: the child is done for
                 if not self._closing:
-                    self._fail(f"{type(e).__name__}: {e}")
+                    self._fail(describe_error(e))
                     self._on_broken()
                 return
             try:
@@ -149,7 +150,7 @@ class DecisionProcess:
             except Exception as e:  # noqa: BLE001 - a handler bug must not stop the answers
                 from semgov.log import get_logger
 
-                get_logger().error("semgov decision answer not handled", error=f"{type(e).__name__}: {e}")
+                get_logger().error("semgov decision answer not handled", error=describe_error(e))
 
     def close(self, timeout: float = 30.0) -> None:
         """Ask the child to stop, then wait for it and for its last answer to be read."""
@@ -178,6 +179,19 @@ def candidate_entries(donors: dict[str, Any], scope: str, matches: Sequence[Any]
         if entry is not None and entry.scope == scope:
             out.append((entry, m.similarity))
     return out
+
+
+def _request_fields(msg: tuple[Any, ...]) -> dict[str, Any]:
+    """Log fields of a ``decide`` message: the request's id, tenant and namespace (never raises)."""
+    try:
+        ctx = msg[3]
+        return {
+            "request_id": msg[2],
+            "tenant": getattr(ctx, "tenant", None),
+            "namespace": getattr(ctx, "namespace", None),
+        }
+    except Exception:  # noqa: BLE001 - a malformed message still gets its line
+        return {}
 
 
 class _Child:
@@ -230,13 +244,14 @@ class _Child:
             try:
                 self.handle(msg)
             except Exception as e:  # noqa: BLE001 - one bad message decides nothing; the process goes on
+                fields = _request_fields(msg) if kind == "decide" else {}
                 get_logger().warning(
-                    "semgov decision process error", kind=kind, error=f"{type(e).__name__}: {e}"
+                    "semgov decision process error", kind=kind, error=describe_error(e), **fields
                 )
                 if kind == "decide":
-                    self.send(("decided", msg[1], [], [], f"{type(e).__name__}: {e}"))
+                    self.send(("decided", msg[1], [], [], describe_error(e)))
                 elif kind == "event":
-                    self.send(("event", msg[1], None, f"{type(e).__name__}: {e}"))
+                    self.send(("event", msg[1], None, describe_error(e)))
                 elif kind == "ping":
                     self.send(("pong", msg[1]))
 
@@ -251,22 +266,8 @@ class _Child:
                 self.donors.pop(msg[1], None)
                 self.provider.remove(msg[1])
         elif kind == "decide":
-            _, seq, request_id, ctx, scope, token_ids, text, limit = msg
-            with self._table:
-                found = candidate_entries(
-                    self.donors, scope, self.provider.query(scope, token_ids, text, limit=limit)
-                )
-            live = (
-                self.policies.decide_live(datetime.now(UTC), request_id, ctx, token_ids, text, found)
-                if found
-                else None
-            )
-            decisions = live.decisions if live is not None else []
-            self.send(("decided", seq, [(e.donor_id, sim) for e, sim in found], decisions, None))
-            if live is not None:
-                shadow = self.policies.decide_shadow(live)  # NOTE: after the live answer is sent
-                if shadow:
-                    self.send(("shadow", shadow))
+            with bound(**_request_fields(msg)):
+                self._decide(msg)
         elif kind == "reload":
             self.send(("reloaded", self.policies.reload(), msg[1]))
         elif kind == "event":
@@ -275,6 +276,26 @@ class _Child:
             self.send(("pong", msg[1]))
         else:
             raise ValueError(f"unknown message {kind!r}")
+
+    def _decide(self, msg: tuple[Any, ...]) -> None:
+        """One recipient's candidates and live decision, answered at once; the shadow after."""
+        _, seq, request_id, ctx, scope, token_ids, text, limit = msg
+        with self._table:
+            found = candidate_entries(
+                self.donors, scope, self.provider.query(scope, token_ids, text, limit=limit)
+            )
+        live = (
+            self.policies.decide_live(datetime.now(UTC), request_id, ctx, token_ids, text, found)
+            if found
+            else None
+        )
+        decisions = live.decisions if live is not None else []
+        self.send(("decided", seq, [(e.donor_id, sim) for e, sim in found], decisions, None))
+        if live is not None:
+            with bound(decision_ids=[str(d.record["decision_id"]) for d in decisions]):
+                shadow = self.policies.decide_shadow(live)  # NOTE: after the live answer is sent
+            if shadow:
+                self.send(("shadow", shadow))
 
     def _register_loop(self) -> None:
         from engine_hooks.sglang.donors import build_donor_entry
@@ -297,7 +318,9 @@ class _Child:
                     self.donors[entry.donor_id] = entry
                     self.provider.add(entry.donor_id, entry.scope, entry.token_ids, entry.prompt.text)
             except Exception as e:  # noqa: BLE001 - a donor that cannot be registered is simply not a donor
-                self.send(("registered", spec.donor_id, f"{type(e).__name__}: {e}"))
+                from semgov.log import describe_error
+
+                self.send(("registered", spec.donor_id, describe_error(e)))
                 continue
             self.send(("registered", entry.donor_id, None))
 

@@ -45,7 +45,7 @@ from engine_hooks.sglang.events import AuditTrail, EventJob
 from engine_hooks.sglang.policies import HookPolicies, LiveDecided, ReloadOutcome
 from engine_hooks.sglang.settings import HookSettings
 from semgov.decide import SignedDecision
-from semgov.log import get_logger
+from semgov.log import bound, describe_error, get_logger
 from semgov.typing import CandidateProvider
 
 
@@ -146,7 +146,7 @@ class DecisionThread:
                 try:
                     self._handler.handle(job)
                 except Exception as e:  # noqa: BLE001 - both fail closed themselves; this is a bug
-                    get_logger().error("semgov decision thread error", error=f"{type(e).__name__}: {e}")
+                    get_logger().error("semgov decision thread error", error=describe_error(e))
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """Block until everything queued for the decision thread is done (tests, shutdown)."""
@@ -210,7 +210,7 @@ class LocalDecisions:
             elif op.remove is not None:
                 self.provider.remove(op.remove)
         except Exception as e:  # noqa: BLE001 - a provider bug costs candidates, never the hook
-            get_logger().warning("semgov candidate provider failed", error=f"{type(e).__name__}: {e}")
+            get_logger().warning("semgov candidate provider failed", error=describe_error(e))
 
     def candidates(
         self, ctx: RequestContext, cache_salt: str | None, token_ids: Sequence[int], text: str | None
@@ -241,16 +241,19 @@ class LocalDecisions:
         try:
             live = self.policies.decide_live(self.clock(), request_id, ctx, token_ids, text, candidates)
         except Exception as e:  # noqa: BLE001 - fail closed: no decision means no reuse
-            get_logger().warning(
-                "semgov decision failed", request_id=request_id, error=f"{type(e).__name__}: {e}"
-            )
+            get_logger().warning("semgov decision failed", request_id=request_id, error=describe_error(e))
             return None
         self.trail.record_decisions(live.decisions)
         return live
 
     def run(self, job: PendingDecision) -> None:
         """Candidate search and :meth:`decide` for one queued recipient; then, once the scheduler
-        may act on the job, the shadow policy's records and the capture."""
+        may act on the job, the shadow policy's records and the capture. Every line logged
+        meanwhile names the request and its tenant (and, once decided, the decision ids)."""
+        with bound(request_id=job.request_id, tenant=job.context.tenant, namespace=job.context.namespace):
+            self._run(job)
+
+    def _run(self, job: PendingDecision) -> None:
         t0 = time.perf_counter()
         live: LiveDecided | None = None
         try:
@@ -266,13 +269,12 @@ class LocalDecisions:
                 job.decisions = live.decisions if live is not None else []
         except Exception as e:  # noqa: BLE001 - no candidates, no decision: the request runs cold
             job.candidates, job.decisions = [], []
-            get_logger().warning(
-                "semgov candidate search failed", request_id=job.request_id, error=f"{type(e).__name__}: {e}"
-            )
+            get_logger().warning("semgov candidate search failed", error=describe_error(e))
         finally:
             job.decided_s = time.perf_counter() - t0
             job.done = True  # NOTE: last: the scheduler thread reads the job only after this
-        self.lifecycle.decided(job)
+        with bound(decision_ids=[str(d.record["decision_id"]) for d in job.decisions] or None):
+            self.lifecycle.decided(job)
         if live is not None:
             shadow = self.policies.decide_shadow(live)  # NOTE: never raises; after `done`
             if shadow:
@@ -386,7 +388,7 @@ class RemoteDecisions:
             if record is not None:
                 self.trail.append(record)
             else:
-                self.trail.not_audited(getattr(event, "kind", None), error)
+                self.trail.not_audited(getattr(event, "kind", None), error, getattr(event, "fields", None))
         elif kind == "pong":
             with self._lock:
                 ping = self._pings.pop(msg[1], None)
@@ -406,8 +408,13 @@ class RemoteDecisions:
         with self._lock:
             job = self._inflight.pop(seq, None)
         if error is not None:
+            ctx = getattr(job, "context", None)
             get_logger().warning(
-                "semgov decision failed", request_id=getattr(job, "request_id", None), error=error
+                "semgov decision failed",
+                request_id=getattr(job, "request_id", None),
+                tenant=getattr(ctx, "tenant", None),
+                namespace=getattr(ctx, "namespace", None),
+                error=error,
             )
         self.trail.record_decisions(decisions)
         if job is None:

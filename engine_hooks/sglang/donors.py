@@ -36,7 +36,7 @@ from engine_hooks.sglang.decider import candidate_entries
 from engine_hooks.sglang.settings import HookConfigError
 from semgov.decide import Evaluator
 from semgov.facts.compute import prompt_from_tokens
-from semgov.log import get_logger
+from semgov.log import describe_error, get_logger
 from semgov.signing.keys import SigningKey
 from semgov.signing.provenance import provenance_payload, sign_provenance
 from semgov.wire.models import Prompt, Provenance
@@ -316,9 +316,7 @@ class DonorRegistry:
         try:
             entry = self._build(spec)
         except Exception as e:  # noqa: BLE001 - a donor that cannot be registered is simply not a donor
-            get_logger().warning(
-                "donor registration failed", donor_id=spec.donor_id, error=f"{type(e).__name__}: {e}"
-            )
+            get_logger().warning("donor registration failed", error=describe_error(e), **_donor_fields(spec))
             self.registration_done(spec.donor_id, False)
             return
         self._ready.put(entry)
@@ -329,7 +327,7 @@ class DonorRegistry:
         if error is None:
             self._ready.put(LiveDonor(spec.donor_id, scope, spec.cache_key, spec.cache_salt, spec.token_ids))
         else:
-            get_logger().warning("donor registration failed", donor_id=spec.donor_id, error=error)
+            get_logger().warning("donor registration failed", error=error, **_donor_fields(spec))
         self.registration_done(spec.donor_id, error is None)
 
     def registration_done(self, donor_id: str, registered: bool) -> None:
@@ -403,3 +401,8 @@ class DonorRegistry:
         """The provider's matches that are registered donors of exactly ``scope``, in order (read
         from the provider's thread: see :meth:`~engine_hooks.sglang.decisions.LocalDecisions.candidates`)."""
         return candidate_entries(self._donors, scope, matches)
+
+
+def _donor_fields(spec: DonorSpec) -> dict[str, str]:
+    """What a log line about a donor names: its server-side id, tenant and namespace."""
+    return {"donor_id": spec.donor_id, "tenant": spec.context.tenant, "namespace": spec.context.namespace}

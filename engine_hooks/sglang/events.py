@@ -27,7 +27,7 @@ from semgov.audit.keyring import AuditKeyring
 from semgov.audit.store import AuditLog, Ticket
 from semgov.decide import SignedDecision
 from semgov.errors import SemgovError
-from semgov.log import get_logger
+from semgov.log import describe_error, get_logger
 from semgov.signing.engine_events import SignedEvent, engine_event, sign_engine_event
 from semgov.signing.keys import SigningKey
 
@@ -150,15 +150,17 @@ class AuditTrail:
         try:
             signed = sign_event_job(job, self.engine_name, self.signing_key)
         except Exception as e:  # noqa: BLE001 - auditing must not take the scheduler down
-            self.not_audited(job.kind, f"{type(e).__name__}: {e}")
+            self.not_audited(job.kind, describe_error(e), job.fields)
             return None
         self.append(signed.canonical)
         return signed
 
-    def not_audited(self, kind: str | None, error: str) -> None:
-        """An engine event that could not be built or signed: counted and logged, never raised."""
+    def not_audited(self, kind: str | None, error: str, fields: dict[str, Any] | None = None) -> None:
+        """An engine event that could not be built or signed: counted and logged (with the request,
+        decision and donor it names), never raised."""
         self.failures += 1
-        get_logger().error("semgov engine event not audited", kind=kind, error=error)
+        ids = {k: fields.get(k) for k in ("request_id", "decision_id", "donor_id")} if fields else {}
+        get_logger().error("semgov engine event not audited", kind=kind, error=error, **ids)
 
     def append(self, record: bytes) -> Ticket | None:
         try:
@@ -170,7 +172,7 @@ class AuditTrail:
     def fail(self, e: BaseException) -> None:
         self.failures += 1
         if self.broken is None:
-            self.broken = f"{type(e).__name__}: {e}"
+            self.broken = describe_error(e)
             get_logger().error(
                 "semgov audit log failed: semantic reuse is off, serving cold",
                 audit_dir=str(self.audit_dir),

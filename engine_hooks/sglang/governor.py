@@ -53,7 +53,7 @@ from engine_hooks.sglang.providers import load_provider
 from engine_hooks.sglang.reload import ReloadWatcher, install_sighup
 from engine_hooks.sglang.settings import HookConfigError, HookSettings, read_context_key
 from semgov.decide import Evaluator
-from semgov.log import get_logger
+from semgov.log import describe_error, get_logger
 from semgov.policy.engine import PolicySource
 from semgov.signing.keys import SigningKey, load_signing_key
 from semgov.typing import CandidateProvider, SignedDecision
@@ -348,11 +348,11 @@ class Governor:
         try:
             self.metrics.event(kind, materialized_tokens, detail)  # NOTE: one inc, the only work here
         except Exception as e:  # noqa: BLE001 - metrics never take the scheduler down
-            get_logger().warning("semgov metrics failed", error=f"{type(e).__name__}: {e}")
+            get_logger().warning("semgov metrics failed", error=describe_error(e))
         try:
             job = EventJob(kind, self.clock(), fields)
         except Exception as e:  # noqa: BLE001 - a broken clock must not take the scheduler down
-            self.trail.not_audited(kind, f"{type(e).__name__}: {e}")
+            self.trail.not_audited(kind, describe_error(e), fields)
             return
         self.jobs.submit(job)
 
@@ -400,7 +400,7 @@ class Governor:
                     try:
                         listener(o.revision)
                     except Exception as e:  # noqa: BLE001 - a listener bug must not stop the reload
-                        get_logger().error("semgov reload listener failed", error=f"{type(e).__name__}: {e}")
+                        get_logger().error("semgov reload listener failed", error=describe_error(e))
             self.reloads += 1  # NOTE: last: who sees the count sees the revision it brought
 
     def shadowed(self, records: list[SignedDecision], disagreements: int) -> None:

@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
-from semgov.log import get_logger
+from semgov.log import describe_error, get_logger
 
 PREFIX = "semgov:"
 # Decision latency on the decision thread, queued -> decided (seconds).
@@ -184,7 +184,7 @@ class BacklogSampler:
             try:
                 self.sample()
             except Exception as e:  # noqa: BLE001 - metrics never take the hook down
-                get_logger().warning("semgov metrics sample failed", error=f"{type(e).__name__}: {e}")
+                get_logger().warning("semgov metrics sample failed", error=describe_error(e))
 
     def close(self) -> None:
         self._stop.set()

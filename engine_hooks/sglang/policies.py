@@ -41,7 +41,7 @@ from semgov.decide import Evaluator
 from semgov.errors import SemgovError
 from semgov.facts.pii import PiiScanner
 from semgov.intake.capture_writer import CaptureWriter
-from semgov.log import get_logger
+from semgov.log import describe_error, get_logger
 from semgov.policy.engine import PolicySource
 from semgov.policy.source import load_policy_source, make_engine
 from semgov.signing.keys import Keyring, SigningKey
@@ -240,7 +240,7 @@ class HookPolicies:
                 get_logger().warning(
                     "semgov shadow decision failed",
                     request_id=live.request.request_id,
-                    error=f"{type(e).__name__}: {e}",
+                    error=describe_error(e),
                 )
         self.offer_capture(live.request)
         return out

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import FrameType
 
-from semgov.log import get_logger
+from semgov.log import describe_error, get_logger
 
 Fingerprint = tuple[tuple[str, int, int, int], ...]
 
@@ -79,7 +79,7 @@ class ReloadWatcher:
             try:
                 self.check()
             except Exception as e:  # noqa: BLE001 - a watcher bug must not stop the engine
-                get_logger().warning("semgov reload watcher failed", error=f"{type(e).__name__}: {e}")
+                get_logger().warning("semgov reload watcher failed", error=describe_error(e))
 
     def close(self) -> None:
         self._stop.set()

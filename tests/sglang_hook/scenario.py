@@ -117,3 +117,20 @@ def new_recipient(
     """A waiting request with ``b``'s recipient prompt (or ``lay``) on harness ``h``."""
     lay = lay or b.recipient()
     return h.new_req(rid, lay.tokens, h.context(tenant, namespace, lay.segments), text=lay.text)  # type: ignore[attr-defined]
+
+
+LEAKY_SECRET = "Quarterly revenue of Initech was 4.2 million, contact alice@example.com"
+
+
+def leaky_failing_detokenizer() -> object:
+    """SEMGOV_DETOKENIZER factory: for a prompt of 640 tokens, fails with an error quoting the
+    prompt and its tokens on its second line (as a careless library might): the hook must log
+    neither. Other prompts get words."""
+
+    def detok(token_ids: object) -> str:
+        ids = list(token_ids)  # type: ignore[call-overload]
+        if len(ids) == 640:
+            raise ValueError(f"cannot decode\n{LEAKY_SECRET} {ids[:40]}")
+        return " ".join(f"w{t}" for t in ids)
+
+    return detok
