@@ -139,6 +139,7 @@ SPECIAL_STRINGS: tuple[str, ...] = (
     "semgov.provenance/v1",
     "semgov.decision/v1",
     "semgov.decision/v2",
+    "semgov.decision/v3",
     "semgov.policy_input/v1",
     "semgov.audit_proof/v1",
     "2026-11-29T10:00:00Z",

@@ -618,6 +618,7 @@ class RecordsTarget(Target):
         return {
             "semgov.decision/v1": Schema.load("decision.schema.json"),
             "semgov.decision/v2": Schema.load("decision.schema.json"),
+            "semgov.decision/v3": Schema.load("decision.schema.json"),
             "semgov.engine_event/v1": Schema.load("engine_event.schema.json"),
             "semgov.engine_event/v2": Schema.load("engine_event.schema.json"),
         }
@@ -666,7 +667,11 @@ class RecordsTarget(Target):
         else:
             v.accepted = True
             rec = json.loads(data)
-            if not authentic or rec.get("schema") not in ("semgov.decision/v1", "semgov.decision/v2"):
+            if not authentic or rec.get("schema") not in (
+                "semgov.decision/v1",
+                "semgov.decision/v2",
+                "semgov.decision/v3",
+            ):
                 v.allows.append(f"verify_decision accepted: {why or 'wrong schema'}")
         # 2. The audit verifier's per-leaf check (the leaf is the exact bytes).
         problem = call(record_problem, data, pk, kid)
@@ -713,13 +718,13 @@ class RecordsTarget(Target):
 
 
 def _plan_problem(rec: dict[str, Any]) -> str:
-    """What the schema file cannot say about a decision's plan: a v2 span states ``recompute`` (at
-    most its length), a v1 span does not."""
+    """What the schema file cannot say about a decision's plan: a v2 or v3 span states ``recompute``
+    (at most its length), a v1 span does not."""
     name = rec.get("schema")
-    if name not in ("semgov.decision/v1", "semgov.decision/v2"):
+    if name not in ("semgov.decision/v1", "semgov.decision/v2", "semgov.decision/v3"):
         return ""
     for s in rec.get("approved_spans", []):
-        if (name == "semgov.decision/v2") != ("recompute" in s):
+        if (name != "semgov.decision/v1") != ("recompute" in s):
             return "plan does not fit the schema version"
         if "recompute" in s and s["recompute"] > s["length"]:
             return "recompute beyond its span"

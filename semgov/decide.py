@@ -340,6 +340,7 @@ class Evaluator:
             result,
             recipient_tokens=doc.request.prompt_tokens,
             evaluated_at=doc.now,  # NOTE: rfc3339 of the same clock, formatted once for the document
+            donor_scope=donor_scope(doc, result),
         )
 
     def _sign(
@@ -352,9 +353,11 @@ class Evaluator:
         *,
         recipient_tokens: int,
         evaluated_at: str,
+        donor_scope: tuple[str, str] | None = None,
     ) -> SignedDecision:
         allow = all(g.result == "pass" for g in result.gates) and bool(result.approved_spans)
         spans: list[ApprovedSpan] = result.approved_spans if allow else []
+        crossed = crossed_boundaries((tenant, namespace), donor_scope, result) if allow else []
         unsigned = {
             "schema": DECISION_SCHEMA,
             "decision_id": uuid.uuid4().hex,
@@ -362,6 +365,8 @@ class Evaluator:
             "tenant": tenant,
             "namespace": namespace,
             "donor_id": donor_id,
+            "donor_tenant": donor_scope[0] if donor_scope is not None else None,
+            "donor_namespace": donor_scope[1] if donor_scope is not None else None,
             "decision": "allow" if allow else "deny",
             "gates": [{"gate": g.gate, "result": g.result, "detail": g.detail} for g in result.gates],
             "approved_spans": [
@@ -376,7 +381,32 @@ class Evaluator:
             ],
             "approved_tokens": sum(s.length for s in spans),
             "recipient_tokens": recipient_tokens,
+            "cross_boundary": crossed,
             "policy": self._policy_ref,
             "evaluated_at": evaluated_at,
         }
         return SignedDecision(*sign_record_canonical(unsigned, self.signing_key))
+
+
+def donor_scope(doc: PolicyInput, result: EngineResult) -> tuple[str, str] | None:
+    """The donor's (tenant, namespace) as its provenance states them, only when the provenance gate
+    passed (a trusted key's valid signature over a payload naming this donor): an unverified claim
+    is never recorded as the donor's scope."""
+    donor = doc.facts.donor
+    verified = any(g.gate == "provenance" and g.result == "pass" for g in result.gates)
+    return (donor.tenant, donor.namespace) if donor is not None and verified else None
+
+
+def crossed_boundaries(
+    recipient: tuple[str, str], donor: tuple[str, str] | None, result: EngineResult
+) -> list[dict[str, str]]:
+    """For an allow: each boundary the donor's scope differs from the recipient's in, with the rule
+    that allowed it (the passing gate's detail, e.g. ``shared by namespace.sharing[0]``)."""
+    if donor is None:
+        return []
+    detail: dict[str, str] = {g.gate: g.detail for g in result.gates}
+    return [
+        {"boundary": b, "rule": detail.get(b, "")}
+        for b, mine, theirs in (("tenant", recipient[0], donor[0]), ("namespace", recipient[1], donor[1]))
+        if mine != theirs
+    ]

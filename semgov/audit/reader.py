@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from semgov.audit.errors import AuditLogError
 from semgov.audit.frames import (
@@ -238,3 +238,37 @@ def read_checkpoint(directory: Path) -> bytes | None:
         return None
     except OSError as e:
         raise AuditLogError(f"cannot read checkpoint: {e.strerror}", source=str(path)) from e
+
+
+def decoded_records(directory: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(index, record)`` of every record, decoded as JSON objects (not verified: ``semgov audit
+    verify`` does that); a record that is not a JSON object is an :class:`AuditLogError`. Warns
+    (once, at the end) when the last records are not sealed."""
+    after_seal = [0, 0]  # records since the last seal frame, seal frames seen
+
+    def on_seal(*_: Any) -> None:
+        after_seal[0] = 0
+        after_seal[1] += 1
+
+    for i, leaf in iter_records(directory, on_seal):
+        after_seal[0] += 1
+        try:
+            # NOTE: a record cannot nest deeper than it has brackets: only one with many goes
+            # through the strict reader (slower, but depth-limited); the rest stay on json.loads.
+            if leaf.count(b"[") + leaf.count(b"{") > strictjson.MAX_DEPTH:
+                rec = strictjson.loads(leaf)
+            else:
+                rec = json.loads(leaf)
+        except ValueError as e:
+            raise AuditLogError(f"record {i} is not JSON: {e}", source=str(directory)) from e
+        if not isinstance(rec, dict):
+            raise AuditLogError(f"record {i} is not a JSON object", source=str(directory))
+        yield i, rec
+    if after_seal[0] and after_seal[1]:
+        from semgov.log import get_logger
+
+        get_logger().warning(
+            f"{directory}: the last {after_seal[0]} records are not sealed (a writer is mid-write or "
+            "crashed, or someone else appended them); these are counts of unverified records: run "
+            "`semgov audit verify`"
+        )

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import csv
+import itertools
 import json
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from semgov import log
-from semgov.audit.errors import AuditLogError
+from semgov.audit.export import CSV_COLUMNS, csv_row, failed_gates, policy_cells, shadow_detail
+from semgov.audit.grouping import GROUPINGS, Groups, Outcomes
 from semgov.audit.query import (
     Filter,
     Stats,
     count_of,
-    disagreement,
-    gates_of,
     is_event,
     is_shadow,
     parse_when,
@@ -24,9 +26,9 @@ from semgov.audit.query import (
     select,
     tally,
 )
-from semgov.audit.reader import iter_records
+from semgov.audit.reader import decoded_records
+from semgov.cli.audit_report import add_key_options, register_report
 from semgov.errors import InputError
-from semgov.wire import strictjson
 from semgov.wire.names import ENGINE_EVENT_KINDS, ENGINE_EVENT_SCHEMAS, GATE_NAMES, SHADOW_DECISION_SCHEMA
 
 if TYPE_CHECKING:
@@ -39,6 +41,19 @@ if TYPE_CHECKING:
 # keyring, cryptography, the verifier and its process pool) is imported by the commands that do.
 
 DEFAULT_DIR = Path("audit/log")
+PERIODS = ("hour", "day", "month")
+SHOW_FORMATS = (
+    "--format csv: a header row, then one row per record with the columns "
+    + ", ".join(CSV_COLUMNS)
+    + ". kind is decision, shadow or event; at is a decision's evaluated_at, an event's at; policy is "
+    "name@version; failed_gates and cross_boundary (boundary:rule) are ;-joined; a field the record "
+    "lacks is empty (donor_tenant, donor_namespace and cross_boundary exist from semgov.decision/v3 on); "
+    "a shadow decision's detail is its live decision (live allow|deny|none [ID] [DISAGREE]). Tenant, "
+    "namespace and ids are client-controlled: a cell that starts with =, +, -, @, a tab or a carriage "
+    "return gets a leading ' so that a spreadsheet shows it as text instead of running it as a formula "
+    "(json and jsonl keep every value exactly as logged). --format json: one JSON array of the objects jsonl "
+    "writes one per line (the record with its index first)."
+)
 
 
 def register(sub: Any) -> None:
@@ -51,34 +66,9 @@ def register(sub: Any) -> None:
     a = p.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
 
     _register_verify(a)
-
-    s = a.add_parser(
-        "show",
-        help="list decisions, shadow decisions and engine events",
-        description="List the decision records, shadow decision records and engine events that match "
-        "every filter (decision filters skip engine events and apply to shadow decisions; --kind skips "
-        "decisions). A shadow decision (semgov.shadow_decision/v1) was never acted on: the table marks it "
-        "`shadow` in the decision column, its outcome, the live decision's and whether they disagree "
-        "in the last.",
-    )
-    s.add_argument("directory", type=Path, nargs="?", default=DEFAULT_DIR, metavar="DIR")
-    _filters(s)
-    s.add_argument("--format", choices=("table", "jsonl"), default="table")
-    s.add_argument("--limit", type=int, metavar="N", help="stop after N matches")
-    s.set_defaults(func=run_show)
-
-    st = a.add_parser(
-        "stats",
-        help="counts over a log",
-        description="Counts by record schema, decision, gate failures and errors, approved tokens by tenant "
-        "and namespace, engine events by kind, and records over time, for the records that match the "
-        "filters. Shadow decisions are counted apart from live ones (never as decisions): by outcome, "
-        "and their disagreements with the live decision by direction (live->shadow).",
-    )
-    st.add_argument("directory", type=Path, nargs="?", default=DEFAULT_DIR, metavar="DIR")
-    _filters(st)
-    st.add_argument("--by", choices=("hour", "day", "month"), default="day", help="time bucket (default day)")
-    st.set_defaults(func=run_stats)
+    _register_show(a)
+    _register_stats(a)
+    register_report(a, DEFAULT_DIR)
 
     pr = a.add_parser(
         "prove",
@@ -104,6 +94,56 @@ def register(sub: Any) -> None:
     vp.set_defaults(func=run_verify_proof)
 
 
+def _register_show(a: Any) -> None:
+    s = a.add_parser(
+        "show",
+        help="list decisions, shadow decisions and engine events",
+        description="List the decision records, shadow decision records and engine events that match "
+        "every filter (decision filters skip engine events and apply to shadow decisions; --kind skips "
+        "decisions). The table shows each decision's tenant, namespace, policy (name@version) and the "
+        "gates that did not pass. A shadow decision (semgov.shadow_decision/v1) was never acted on: the "
+        "table marks it `shadow` in the decision column, its outcome, the live decision's and whether "
+        "they disagree in the last. Records are read unverified: run `semgov audit verify` first.",
+        epilog=SHOW_FORMATS,
+    )
+    s.add_argument("directory", type=Path, nargs="?", default=DEFAULT_DIR, metavar="DIR")
+    _filters(s)
+    s.add_argument(
+        "--format",
+        choices=("table", "csv", "json", "jsonl"),
+        default="table",
+        help="table (default), csv (fixed columns, below), json (one array) or jsonl (one object a line)",
+    )
+    s.add_argument("--limit", type=int, metavar="N", help="stop after N matches")
+    s.set_defaults(func=run_show)
+
+
+def _register_stats(a: Any) -> None:
+    st = a.add_parser(
+        "stats",
+        help="counts over a log",
+        description="Counts by record schema, decision, gate failures and errors, approved tokens by tenant "
+        "and namespace, engine events by kind, and records over time, for the records that match the "
+        "filters. Shadow decisions are counted apart from live ones (never as decisions): by outcome, "
+        "and their disagreements with the live decision by direction (live->shadow). With --by tenant, "
+        "namespace, policy or gate, the same first lines, then one table of live decisions grouped that "
+        "way, with its totals, instead of the gate, token and time tables.",
+    )
+    st.add_argument("directory", type=Path, nargs="?", default=DEFAULT_DIR, metavar="DIR")
+    _filters(st)
+    st.add_argument(
+        "--by",
+        choices=(*PERIODS, *GROUPINGS),
+        default="day",
+        help="hour, day (default) or month: the time bucket of the records-over-time table; tenant: "
+        "candidates (live decisions), allows, denies and approved tokens per tenant; namespace: the same "
+        "per namespace under each tenant, with a subtotal per tenant; policy: allows, denies and the first "
+        "and last evaluated_at per policy (name@version (engine)) and revision; gate: per gate, fails, "
+        "errors and the denies where it was the only gate that did not pass. Each ends with a total row",
+    )
+    st.set_defaults(func=run_stats)
+
+
 def _register_verify(a: Any) -> None:
     v = a.add_parser(
         "verify",
@@ -119,29 +159,7 @@ def _register_verify(a: Any) -> None:
         "or --keyring, and no --structure-only: nothing was checked that a key could vouch for).",
     )
     v.add_argument("directory", type=Path, nargs="?", default=DEFAULT_DIR, metavar="DIR")
-    keys = v.add_mutually_exclusive_group()
-    keys.add_argument("--pubkey", type=Path, metavar="KEY", help="the log's one signing key's public PEM")
-    keys.add_argument(
-        "--keyring",
-        type=Path,
-        metavar="FILE",
-        help="audit keyring (docs/formats.md): every key that signed records, seals or checkpoints, with "
-        "where each is valid and whether it is revoked (after a key rotation)",
-    )
-    keys.add_argument(
-        "--structure-only",
-        action="store_true",
-        help="no key: check frames, hashes, the tree, seals and checkpoints against it, and ids, but no "
-        "signature; exit 0 if that structure is sound (without this flag, no key means UNVERIFIED, exit 3)",
-    )
-    v.add_argument("--checkpoint", type=Path, metavar="FILE", help="a checkpoint note you kept earlier")
-    v.add_argument(
-        "--allow-unanchored",
-        action="store_true",
-        help="report records after the last trusted seal or checkpoint as a note, not a failure "
-        "(a log whose writer is running or crashed mid-write)",
-    )
-    v.add_argument("--workers", type=int, metavar="N", help="processes for signature checks (default 2)")
+    add_key_options(v)
     v.set_defaults(func=run_verify)
 
 
@@ -182,35 +200,6 @@ def _filter(args: argparse.Namespace) -> Filter:
         decision_id=args.decision_id,
         shadow=args.shadow,
     )
-
-
-def _decoded(directory: Path) -> Any:
-    after_seal = [0, 0]  # records since the last seal frame, seal frames seen
-
-    def on_seal(*_: Any) -> None:
-        after_seal[0] = 0
-        after_seal[1] += 1
-
-    for i, leaf in iter_records(directory, on_seal):
-        after_seal[0] += 1
-        try:
-            # NOTE: a record cannot nest deeper than it has brackets: only one with many goes
-            # through the strict reader (slower, but depth-limited); the rest stay on json.loads.
-            if leaf.count(b"[") + leaf.count(b"{") > strictjson.MAX_DEPTH:
-                rec = strictjson.loads(leaf)
-            else:
-                rec = json.loads(leaf)
-        except ValueError as e:
-            raise AuditLogError(f"record {i} is not JSON: {e}", source=str(directory)) from e
-        if not isinstance(rec, dict):
-            raise AuditLogError(f"record {i} is not a JSON object", source=str(directory))
-        yield i, rec
-    if after_seal[0] and after_seal[1]:
-        log.get_logger().warning(
-            f"{directory}: the last {after_seal[0]} records are not sealed (a writer is mid-write or "
-            "crashed, or someone else appended them); these are counts of unverified records: run "
-            "`semgov audit verify`"
-        )
 
 
 def _spans(spans: list[tuple[int, int]]) -> str:
@@ -294,60 +283,91 @@ def run_verify(args: argparse.Namespace) -> int:
     return 1
 
 
+def _cell(value: object, width: int | None = None) -> str:
+    """A table cell, non-printable characters escaped (``\\n``, ``\\x1b``: a client-controlled name
+    can neither add a row nor send the terminal an escape sequence), cut to ``width`` if given."""
+    s = str(value)
+    if not s.isprintable():
+        s = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in s)
+    return s if width is None else s[:width]
+
+
+# index, evaluated_at, decision, tenant, namespace, policy, request, donor, tokens: (width, cut
+# at, alignment); a time is never cut short (a longer one moves the columns after it)
+_COLUMNS = ((7, 7, ">"), (20, 40, "<"), (8, 8, "<"), (12, 12, "<"), (20, 20, "<"), (14, 14, "<"),
+            (14, 14, "<"), (14, 14, "<"), (6, 6, ">"))  # fmt: skip
+_HEADER = ("index", "evaluated_at", "decision", "tenant", "namespace", "policy", "request", "donor", "tokens")
+
+
+def _row(cells: tuple[object, ...], last: str) -> str:
+    """One table line: the fixed columns (cut and escaped), then ``last`` (escaped)."""
+    out = [f"{_cell(c, cut):{a}{w}}" for c, (w, cut, a) in zip(cells, _COLUMNS, strict=True)]
+    return "  ".join([*out, _cell(last)]) + "\n"
+
+
 def _event_row(i: int, rec: dict[str, Any]) -> str:
-    """An engine event: "event" in the decision column, its materialized tokens, and kind,
-    decision id and detail in the last column."""
-    at, tokens = record_time(rec), count_of(rec, "materialized_tokens")
-    req, donor = (str(rec.get(k) or "-")[:14] for k in ("request_id", "donor_id"))
+    """An engine event: "event" in the decision column, "-" for tenant, namespace and policy (an
+    event has none), its materialized tokens, and kind, decision id and detail in the last column."""
+    req, donor = (rec.get(k) or "-" for k in ("request_id", "donor_id"))
     what = str(rec.get("kind"))
     if rec.get("decision_id") is not None:
         what += f" decision {rec['decision_id']}"
     if rec.get("detail"):
         what += f" {str(rec['detail'])[:80]}"
-    return f"{i:>7}  {at:<20}  {'event':<8}  {'-':<12}  {req:<14}  {donor:<14}  {tokens:>6}  {what}\n"
+    tokens = count_of(rec, "materialized_tokens")
+    return _row((i, record_time(rec), "event", "-", "-", "-", req, donor, tokens), what)
 
 
 def _decision_row(i: int, rec: dict[str, Any]) -> str:
-    """A decision; a shadow decision has "shadow" in the decision column and, in the last, its
-    outcome, the live decision's (and its id), ``DISAGREE`` when they differ, and its failed gates."""
-    failed = ",".join(str(g.get("gate")) for g in gates_of(rec) if g.get("result") != "pass")
-    at, tenant = str(rec.get("evaluated_at")), str(rec.get("tenant"))[:12]
-    req, donor = str(rec.get("request_id"))[:14], str(rec.get("donor_id"))[:14]
-    tokens, decision = count_of(rec, "approved_tokens"), str(rec.get("decision"))[:8]
+    """A decision: its tenant, namespace, policy (name@version) and, last, the gates that did not
+    pass; a shadow decision has "shadow" in the decision column and, in the last, its outcome, the
+    live decision's (and its id), ``DISAGREE`` when they differ, and its failed gates."""
+    failed = ",".join(failed_gates(rec))
+    decision = str(rec.get("decision"))
     if is_shadow(rec):
-        live, live_id = rec.get("live_decision"), rec.get("live_decision_id")
-        what = f"{decision}, live {'none' if live is None else live}"
-        what += f" {live_id}" if live_id is not None else ""
-        what += " DISAGREE" if disagreement(rec) is not None else ""
-        failed = what + (f"; failed {failed}" if failed else "")
+        failed = f"{decision}, {shadow_detail(rec)}" + (f"; failed {failed}" if failed else "")
         decision = "shadow"
-    return f"{i:>7}  {at:<20}  {decision:<8}  {tenant:<12}  {req:<14}  {donor:<14}  {tokens:>6}  {failed}\n"
+    policy = policy_cells(rec)[0] or "-"
+    cells = (i, str(rec.get("evaluated_at")), decision, rec.get("tenant"), rec.get("namespace"), policy,
+             rec.get("request_id"), rec.get("donor_id"), count_of(rec, "approved_tokens"))  # fmt: skip
+    return _row(cells, failed)
+
+
+def _write_table(out: TextIO, rows: Iterable[tuple[int, dict[str, Any]]]) -> None:
+    """The table, and a closing line counting decisions, engine events and shadow decisions."""
+    out.write(_row(_HEADER, "failed gates | event"))
+    seen: Counter[str] = Counter()
+    for i, rec in rows:
+        out.write(_event_row(i, rec) if is_event(rec) else _decision_row(i, rec))
+        seen["event" if is_event(rec) else "shadow" if is_shadow(rec) else "decision"] += 1
+    parts = [f"{seen['decision']} decision(s)"]
+    parts += [
+        f"{seen[k]} {w}(s)" for k, w in (("event", "engine event"), ("shadow", "shadow decision")) if seen[k]
+    ]
+    out.write(", ".join(parts) + "\n")
 
 
 def run_show(args: argparse.Namespace) -> int:
-    flt = _filter(args)
-    seen: Counter[str] = Counter()
+    rows = select(decoded_records(args.directory), _filter(args))
+    if args.limit is not None:
+        rows = itertools.islice(rows, max(args.limit, 0))
     out = sys.stdout
     if args.format == "table":
-        out.write(f"{'index':>7}  {'evaluated_at':<20}  {'decision':<8}  {'tenant':<12}  {'request':<14}  "
-                  f"{'donor':<14}  {'tokens':>6}  failed gates | event\n")  # fmt: skip
-    for i, rec in select(_decoded(args.directory), flt):
-        event = is_event(rec)
-        if args.format == "jsonl":
+        _write_table(out, rows)
+    elif args.format == "csv":
+        w = csv.writer(out, lineterminator="\n")
+        w.writerow(CSV_COLUMNS)
+        w.writerows(csv_row(i, rec) for i, rec in rows)
+    elif args.format == "json":
+        # NOTE: streamed, one object at a time: a log of any size, and `[]` when nothing matches
+        sep = "["
+        for i, rec in rows:
+            out.write(sep + json.dumps({"index": i, **rec}, separators=(",", ":")))
+            sep = ",\n"
+        out.write("[]\n" if sep == "[" else "]\n")
+    else:
+        for i, rec in rows:
             out.write(json.dumps({"index": i, **rec}, separators=(",", ":")) + "\n")
-        else:
-            out.write(_event_row(i, rec) if event else _decision_row(i, rec))
-        seen["event" if event else "shadow" if is_shadow(rec) else "decision"] += 1
-        if args.limit is not None and seen.total() >= args.limit:
-            break
-    if args.format == "table":
-        parts = [f"{seen['decision']} decision(s)"]
-        parts += [
-            f"{seen[k]} {w}(s)"
-            for k, w in (("event", "engine event"), ("shadow", "shadow decision"))
-            if seen[k]
-        ]
-        out.write(", ".join(parts) + "\n")
     return 0
 
 
@@ -369,26 +389,115 @@ def _shadow_lines(st: Stats) -> str:
     return text + "shadow policies: " + ", ".join(f"{k} x{v}" for k, v in sh.policies.most_common()) + "\n"
 
 
-def run_stats(args: argparse.Namespace) -> int:
-    st = tally((r for _, r in select(_decoded(args.directory), _filter(args))), period=args.by)
-    w = sys.stdout.write
-    w(f"{st.records} records: {_counts(st.schemas)}\n")
-    w(f"{st.decisions.total()} decisions: {_counts(st.decisions)}\n")
-    w(f"{st.event_kinds.total()} engine events: {_counts(st.event_kinds)} "
-      f"({st.materialized_tokens} tokens materialized)\n")  # fmt: skip
-    w("policies: " + ", ".join(f"{k} x{v}" for k, v in st.engines.most_common()) + "\n")
-    w(_shadow_lines(st))
-    w(f"\n{'gate':<20}{'fail':>8}{'error':>8}\n")
+def _head(st: Stats) -> str:
+    """The first lines of ``stats``: records by schema, decisions, engine events, policies, shadows."""
+    text = f"{st.records} records: {_counts(st.schemas)}\n"
+    text += f"{st.decisions.total()} decisions: {_counts(st.decisions)}\n"
+    text += (f"{st.event_kinds.total()} engine events: {_counts(st.event_kinds)} "
+             f"({st.materialized_tokens} tokens materialized)\n")  # fmt: skip
+    text += "policies: " + ", ".join(f"{k} x{v}" for k, v in st.engines.most_common()) + "\n"
+    return text + _shadow_lines(st)
+
+
+def _time_tables(st: Stats, by: str) -> str:
+    """The gate, approved-token and records-over-time tables of ``stats --by hour|day|month``."""
+    text = f"\n{'gate':<20}{'fail':>8}{'error':>8}\n"
     for g in GATE_NAMES:
-        w(f"{g:<20}{st.gate_fail[g]:>8}{st.gate_error[g]:>8}\n")
-    w(f"\n{'tenant':<14}{'namespace':<32}{'approved tokens':>16}\n")
+        text += f"{g:<20}{st.gate_fail[g]:>8}{st.gate_error[g]:>8}\n"
+    text += f"\n{'tenant':<14}{'namespace':<32}{'approved tokens':>16}\n"
     for (tenant, ns), tokens in sorted(st.approved_tokens.items()):
-        w(f"{tenant[:13]:<14}{ns[:31]:<32}{tokens:>16}\n")
+        text += f"{_cell(tenant, 13):<14}{_cell(ns, 31):<32}{tokens:>16}\n"
     # NOTE: a shadow column only where there are shadow decisions (the table is unchanged without)
     cols = ("allow", "deny", "event", *(("shadow",) if st.shadow.decisions else ()))
-    w(f"\n{args.by:<16}" + "".join(f"{'events' if c == 'event' else c:>8}" for c in cols) + "\n")
+    text += f"\n{by:<16}" + "".join(f"{'events' if c == 'event' else c:>8}" for c in cols) + "\n"
     for period in sorted(st.by_period):
-        w(f"{period:<16}" + "".join(f"{st.by_period[period][c]:>8}" for c in cols) + "\n")
+        text += f"{_cell(period):<16}" + "".join(f"{st.by_period[period][c]:>8}" for c in cols)
+        text += "\n"
+    return text
+
+
+def _n(count: int, one: str, many: str = "") -> str:
+    """``1 tenant``, ``2 tenants`` (``many`` when the plural is not ``one`` + s)."""
+    return f"{count} {one if count == 1 else many or one + 's'}"
+
+
+def _outcomes(o: Outcomes) -> str:
+    return f"{o.candidates:>11}{o.allow:>8}{o.deny:>8}{o.approved_tokens:>17}"
+
+
+_OUTCOMES = f"{'candidates':>11}{'allow':>8}{'deny':>8}{'approved tokens':>17}"
+
+
+def _by_tenant(g: Groups) -> str:
+    """One row per tenant: live decisions (candidates), allows, denies, approved tokens; the total."""
+    text = f"{'tenant':<32}{_OUTCOMES}\n"
+    for tenant, o in sorted(g.tenants.items()):
+        text += f"{_cell(tenant, 31):<32}{_outcomes(o)}\n"
+    text += "-" * (32 + len(_OUTCOMES)) + "\n"
+    return text + f"{'total (' + _n(len(g.tenants), 'tenant') + ')':<32}{_outcomes(g.total())}\n"
+
+
+def _by_namespace(g: Groups) -> str:
+    """The namespaces of each tenant, then the tenant's subtotal; the grand total last."""
+    text = f"{'tenant':<24}{'namespace':<32}{_OUTCOMES}\n"
+    for tenant, rows, subtotal in g.by_tenant():
+        for ns, o in rows:
+            text += f"{_cell(tenant, 23):<24}{_cell(ns, 31):<32}{_outcomes(o)}\n"
+        text += f"{_cell(tenant, 23):<24}{'(subtotal: ' + _n(len(rows), 'namespace') + ')':<32}"
+        text += f"{_outcomes(subtotal)}\n"
+    text += "-" * (56 + len(_OUTCOMES)) + "\n"
+    what = f"({_n(len(g.tenants), 'tenant')}, {_n(len(g.namespaces), 'namespace')})"
+    return text + f"{'total':<24}{what:<32}{_outcomes(g.total())}\n"
+
+
+def _by_policy(g: Groups) -> str:
+    """One row per policy (name@version (engine)) and revision: allows, denies, first and last
+    evaluated_at, in order of policy then first use; the total."""
+    text = f"{'policy':<32}{'revision':<21}{'allow':>8}{'deny':>8}  {'first evaluated_at':<32}"
+    text += "last evaluated_at\n"
+    rows = sorted(g.policies.items(), key=lambda kv: (kv[0][0], kv[1].first == "", kv[1].first, kv[0][1]))
+    for (label, revision), r in rows:
+        text += f"{_cell(label, 31):<32}{_cell(revision, 19):<21}{r.allow:>8}{r.deny:>8}  "
+        text += f"{_cell(r.first or '-', 31):<32}{_cell(r.last or '-', 31)}\n"
+    t = g.policy_total()
+    policies = _n(len({label for label, _ in g.policies}), "policy", "policies")
+    what = f"total ({policies}, {_n(len(g.policies), 'revision')})"
+    text += "-" * 120 + "\n" + f"{what:<53}{t.allow:>8}{t.deny:>8}  "
+    return text + f"{_cell(t.first or '-', 31):<32}{_cell(t.last or '-', 31)}\n"
+
+
+def _by_gate(g: Groups) -> str:
+    """Per gate: fails, errors, and the denies where it was the only gate that did not pass; totals."""
+    text = f"{'gate':<24}{'fail':>8}{'error':>8}{'denied by it alone':>20}\n"
+    for name, r in g.gates.items():
+        text += f"{_cell(name, 23):<24}{r.fail:>8}{r.error:>8}{r.sole_deny:>20}\n"
+    fail, error = sum(r.fail for r in g.gates.values()), sum(r.error for r in g.gates.values())
+    alone = sum(r.sole_deny for r in g.gates.values())
+    text += "-" * 60 + "\n" + f"{'total':<24}{fail:>8}{error:>8}{alone:>20}\n"
+    several = g.denies - alone - g.denies_without_gate
+    text += f"{_n(g.denies, 'live deny', 'live denies')}: {alone} by one gate alone, {several} by several"
+    return text + (f", {g.denies_without_gate} with every gate passing\n" if g.denies_without_gate else "\n")
+
+
+_GROUPED = {"tenant": _by_tenant, "namespace": _by_namespace, "policy": _by_policy, "gate": _by_gate}
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    records = (r for _, r in select(decoded_records(args.directory), _filter(args)))
+    if args.by in PERIODS:
+        st = tally(records, period=args.by)
+        sys.stdout.write(_head(st) + _time_tables(st, args.by))
+        return 0
+    st, groups = Stats(), Groups()
+    for r in records:
+        st.add(r, "day")
+        groups.add(r)
+    text = _head(st) + "\n" + _GROUPED[args.by](groups)
+    words = (("shadow", "shadow decision"), ("event", "engine event"))
+    skipped = [_n(groups.skipped[k], w) for k, w in words if groups.skipped[k]]
+    if skipped:
+        text += f"live decisions only: {' and '.join(skipped)} not counted\n"
+    sys.stdout.write(text)
     return 0
 
 

@@ -3,7 +3,7 @@
 A shadow policy decides every donor candidate alongside the live policy (the SGLang hook's
 ``SEMGOV_SHADOW_POLICY``). Its decisions are signed and appended to the same audit log, but
 nothing ever acts on them: they carry their own schema id, so that no reader of the log can
-take one for a live ``semgov.decision/v1|v2`` record, and name the live decision of the same
+take one for a live ``semgov.decision/v1|v2|v3`` record, and name the live decision of the same
 request and donor (``live_decision_id``, ``live_decision``).
 
 - :func:`shadow_record` turns a signed decision made by the shadow policy's evaluator into a
@@ -27,6 +27,7 @@ from semgov.typing import SignedDecision
 from semgov.wire.models import (
     DECISION_SCHEMA,
     DECISION_SCHEMAS,
+    DECISION_V3_FIELDS,
     SHADOW_DECISION_SCHEMA,
     ShadowDecisionRecord,
 )
@@ -38,11 +39,12 @@ __all__ = ["is_disagreement", "shadow_record", "verify_shadow_record"]
 def shadow_record(decision: SignedDecision, live: SignedDecision | None, key: SigningKey) -> SignedDecision:
     """The shadow record of ``decision``, signed with ``key``.
 
-    ``decision``: a signed ``semgov.decision/v2`` record made by the shadow policy's evaluator;
+    ``decision``: a signed ``semgov.decision/v3`` record made by the shadow policy's evaluator
+    (its donor scope and boundaries are left out: a shadow was never acted on, nothing crossed);
     ``live``: the live policy's decision of the same request and donor, or None when it made
     none. The result has ``decision``'s content, ``schema`` ``semgov.shadow_decision/v1``, and
     ``live_decision_id``/``live_decision`` from ``live`` (null without one); its old ``key_id``
-    and signature are replaced. Raises :class:`InputError` when ``decision`` is not a v2 decision,
+    and signature are replaced. Raises :class:`InputError` when ``decision`` is not a v3 decision,
     ``live`` is not a live decision of the same ``request_id`` and ``donor_id``, or the result
     is not a valid :class:`ShadowDecisionRecord`.
     """
@@ -63,7 +65,8 @@ def shadow_record(decision: SignedDecision, live: SignedDecision | None, key: Si
                     field=name,
                 )
         pair = {"live_decision_id": lrec.get("decision_id"), "live_decision": lrec.get("decision")}
-    signed, canonical = sign_record_canonical({**rec, "schema": SHADOW_DECISION_SCHEMA, **pair}, key)
+    body = {k: v for k, v in rec.items() if k not in DECISION_V3_FIELDS}
+    signed, canonical = sign_record_canonical({**body, "schema": SHADOW_DECISION_SCHEMA, **pair}, key)
     try:
         ShadowDecisionRecord.model_validate(signed, by_alias=True, by_name=False)
     except ValidationError as e:

@@ -30,6 +30,7 @@ from semgov.wire.timefmt import Instant
 CAPTURED_REQUEST_SCHEMA = _names.CAPTURED_REQUEST_SCHEMA
 DECISION_SCHEMA = _names.DECISION_SCHEMA
 DECISION_SCHEMAS = _names.DECISION_SCHEMAS
+DECISION_V3_FIELDS = _names.DECISION_V3_FIELDS
 ENGINE_EVENT_SCHEMA = _names.ENGINE_EVENT_SCHEMA
 ENGINE_EVENT_SCHEMAS = _names.ENGINE_EVENT_SCHEMAS
 POLICY_INPUT_SCHEMA = _names.POLICY_INPUT_SCHEMA
@@ -273,6 +274,15 @@ class PlannedSpan(Span):
         return self
 
 
+class CrossBoundary(_Strict):
+    """A boundary an allowed reuse crossed: the donor (by its verified provenance) belonged to another
+    tenant or namespace, and the policy rule that allowed it (the gate's detail, e.g.
+    ``shared by namespace.sharing[0]``)."""
+
+    boundary: Literal["tenant", "namespace"]
+    rule: str
+
+
 class PolicyRef(_Strict):
     name: str
     version: str
@@ -307,21 +317,49 @@ class DecisionFields(_Strict):
 class DecisionRecord(DecisionFields):
     """Signed outcome of evaluating one donor candidate for one request.
 
-    ``semgov.decision/v2`` (written since the quality plan): every approved span states
-    ``recompute``; ``semgov.decision/v1`` (older logs): spans without it, read and verified as they are.
+    ``semgov.decision/v3`` (written since the audit report): a v2 record plus the donor's scope,
+    ``donor_tenant`` and ``donor_namespace`` (from its provenance, null unless the provenance gate
+    passed: an unverified claim is never recorded as the donor's scope), and ``cross_boundary``:
+    for an allow whose donor belonged to another tenant or namespace, each boundary crossed with
+    the rule that allowed it (empty otherwise). ``semgov.decision/v2``: every approved span states
+    ``recompute``; ``semgov.decision/v1`` (older logs): spans without it. Older records are read
+    and verified as they are.
     """
 
     # NOTE: a subclass's field keeps its base's place: the record's field order (and schema) is unchanged.
-    schema_: Literal["semgov.decision/v1", "semgov.decision/v2"] = Field(alias="schema")
+    schema_: Literal["semgov.decision/v1", "semgov.decision/v2", "semgov.decision/v3"] = Field(alias="schema")
+    donor_tenant: str | None = None
+    donor_namespace: str | None = None
+    cross_boundary: list[CrossBoundary] | None = None
 
     @model_validator(mode="after")
     def _plan_by_version(self) -> DecisionRecord:
-        planned = self.schema_ == DECISION_SCHEMA
+        v3 = self.schema_ == DECISION_SCHEMA
+        for name in DECISION_V3_FIELDS:
+            # NOTE: by presence, not value: a v3 record states each (null included), older ones none.
+            if (name in self.model_fields_set) != v3:
+                raise ValueError(f"a {self.schema_} record {'must state' if v3 else 'has no'} {name}")
+        planned = self.schema_ != "semgov.decision/v1"
         for i, s in enumerate(self.approved_spans):
             if isinstance(s, PlannedSpan) != planned:
                 need = "states `recompute`" if planned else "has no `recompute`"
                 raise ValueError(f"approved_spans.{i}: a {self.schema_} span {need}")
+        if self.schema_ == DECISION_SCHEMA:
+            self._check_boundaries()
         return self
+
+    def _check_boundaries(self) -> None:
+        """NOTE: a v3 record names exactly the boundaries its allow crossed: none for a deny or an
+        unverified donor, ``tenant`` iff the donor's tenant differs, ``namespace`` iff its namespace does."""
+        crossed = [c.boundary for c in self.cross_boundary or []]
+        if (self.donor_tenant is None) != (self.donor_namespace is None):
+            raise ValueError("donor_tenant and donor_namespace are both null or both set")
+        want: list[str] = []
+        if self.decision == "allow" and self.donor_tenant is not None:
+            want += ["tenant"] if self.donor_tenant != self.tenant else []
+            want += ["namespace"] if self.donor_namespace != self.namespace else []
+        if self.cross_boundary is None or crossed != want:
+            raise ValueError(f"cross_boundary: names {crossed}, the decision crossed {want}")
 
 
 class ShadowDecisionRecord(DecisionFields):

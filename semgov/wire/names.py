@@ -10,9 +10,12 @@ from __future__ import annotations
 
 CAPTURED_REQUEST_SCHEMA = "semgov.captured_request/v1"
 PROVENANCE_SCHEMA = "semgov.provenance/v1"
-DECISION_SCHEMA = "semgov.decision/v2"
-# NOTE: every decision schema semgov reads; v1 records (no realization plan) still verify.
-DECISION_SCHEMAS = ("semgov.decision/v1", DECISION_SCHEMA)
+DECISION_SCHEMA = "semgov.decision/v3"
+# NOTE: every decision schema semgov reads; v1 records (no realization plan) and v2 records (no
+# donor scope) still verify.
+DECISION_SCHEMAS = ("semgov.decision/v1", "semgov.decision/v2", DECISION_SCHEMA)
+# The fields a semgov.decision/v3 record has and older ones do not.
+DECISION_V3_FIELDS = ("donor_tenant", "donor_namespace", "cross_boundary")
 POLICY_INPUT_SCHEMA = "semgov.policy_input/v1"
 SHADOW_DECISION_SCHEMA = "semgov.shadow_decision/v1"
 ENGINE_EVENT_SCHEMA = "semgov.engine_event/v2"

@@ -19,7 +19,7 @@ from semgov.wire.policy_input import json_schema as policy_input_schema
 SCHEMAS: dict[str, tuple[type[BaseModel], str, str]] = {
     "captured_request.schema.json": (CapturedRequest, "validation", "semgov.captured_request/v1"),
     "provenance.schema.json": (ProvenancePayload, "validation", "semgov.provenance/v1"),
-    "decision.schema.json": (DecisionRecord, "serialization", "semgov.decision/v2"),
+    "decision.schema.json": (DecisionRecord, "serialization", "semgov.decision/v3"),
     "shadow_decision.schema.json": (ShadowDecisionRecord, "serialization", "semgov.shadow_decision/v1"),
     "engine_event.schema.json": (EngineEvent, "serialization", "semgov.engine_event/v2"),
     "policy.schema.json": (Policy, "validation", "semgov policy.yaml"),

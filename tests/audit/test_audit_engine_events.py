@@ -121,7 +121,8 @@ def test_rehashed_event_edit_fails_its_signature(log: Path) -> None:
 
 
 KNOWN = (
-    "semgov.decision/v1, semgov.decision/v2, semgov.shadow_decision/v1, semgov.engine_event/v1, "
+    "semgov.decision/v1, semgov.decision/v2, semgov.decision/v3, semgov.shadow_decision/v1, "
+    "semgov.engine_event/v1, "
     "semgov.engine_event/v2"
 )
 
@@ -138,18 +139,20 @@ def test_unknown_schema_is_a_problem(log: Path) -> None:
 
 
 def test_cli_show_lists_events(pristine: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """show prints each event's kind, request, decision id and tokens, and counts both kinds of record."""
+    """show prints each event's kind, request, decision id and tokens ("-" for the tenant, namespace
+    and policy it has none of), and counts both kinds of record."""
     recs = [json.loads(b) for b in bodies(pristine)]
     assert main(["audit", "show", str(pristine)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == "6 decision(s), 5 engine event(s)"
     row = out[1 + 2].split()
     real = recs[2]
-    assert row[:3] == ["2", real["at"], "event"] and row[4:7] == [real["request_id"], real["donor_id"], "370"]
-    assert row[7:9] == ["realization", "decision"] and row[9] == real["decision_id"]
+    assert row[:6] == ["2", real["at"], "event", "-", "-", "-"]
+    assert row[6:9] == [real["request_id"], real["donor_id"], "370"]
+    assert row[9:11] == ["realization", "decision"] and row[11] == real["decision_id"]
     assert "realization_failed" in out[1 + 7] and "KV pool exhausted" in out[1 + 7]
     last = out[1 + 10]
-    assert last.split()[2:7] == ["event", "-", "-", "-", "0"]
+    assert last.split()[2:9] == ["event", "-", "-", "-", "-", "-", "0"]
     assert last.endswith("  reuse_disabled invariant checker tripped")
 
 
@@ -178,7 +181,7 @@ def test_cli_show_by_decision_id(pristine: Path, capsys: pytest.CaptureFixture[s
     assert main(["audit", "show", str(pristine), "--format", "jsonl", "--decision-id", did]) == 0
     rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [(r["index"], r["schema"]) for r in rows] == [
-        (3, "semgov.decision/v2"),
+        (3, "semgov.decision/v3"),
         (4, "semgov.engine_event/v2"),
     ]
 
@@ -187,7 +190,7 @@ def test_cli_stats_counts_schemas_and_kinds(pristine: Path, capsys: pytest.Captu
     """stats counts records by schema, decisions by outcome, events by kind and tokens materialized."""
     assert main(["audit", "stats", str(pristine), "--by", "day"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "11 records: semgov.decision/v2 6, semgov.engine_event/v2 5"
+    assert out[0] == "11 records: semgov.decision/v3 6, semgov.engine_event/v2 5"
     assert out[1] == "6 decisions: allow 4, deny 2"
     assert out[2] == (
         "5 engine events: realization 3, realization_failed 1, reuse_disabled 1 (1110 tokens materialized)"
@@ -202,7 +205,7 @@ def test_cli_stats_with_a_decision_filter_skips_events(
     """A decision-only filter leaves engine events out of the tallies."""
     assert main(["audit", "stats", str(pristine), "--decision", "deny"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "2 records: semgov.decision/v2 2" and out[2].startswith("0 engine events")
+    assert out[0] == "2 records: semgov.decision/v3 2" and out[2].startswith("0 engine events")
 
 
 def test_bundle_proves_the_decision_not_an_event_naming_it(pristine: Path, tmp_path: Path) -> None:
@@ -214,7 +217,7 @@ def test_bundle_proves_the_decision_not_an_event_naming_it(pristine: Path, tmp_p
         for r in recs:
             lg.append(r)
     bundle = make_bundle(d, json.loads(recs[2])["decision_id"])
-    assert bundle["index"] == 2 and verify_bundle(bundle, PUB)["schema"] == "semgov.decision/v2"
+    assert bundle["index"] == 2 and verify_bundle(bundle, PUB)["schema"] == "semgov.decision/v3"
 
 
 def test_event_bundle_verifies_offline(

@@ -139,7 +139,7 @@ def test_stats_count_shadow_records_apart(pristine: Path) -> None:
     """tally counts shadow records by outcome and disagreement, never as decisions, gates or tokens."""
     recs = _recs(pristine)
     st = tally(recs)
-    live = [r for r in recs if r["schema"] == "semgov.decision/v2"]
+    live = [r for r in recs if r["schema"] == "semgov.decision/v3"]
     assert st.records == len(LAYOUT) and st.schemas[SHADOW_DECISION_SCHEMA] == 7
     assert st.decisions == {"allow": 4, "deny": 2}
     assert st.gate_fail == {"similarity": 2}  # the shadows' 3 similarity failures are not counted
@@ -155,7 +155,7 @@ def test_cli_stats_shadow_section(pristine: Path, capsys: pytest.CaptureFixture[
     """`audit stats` prints live decisions as before, then the shadow records and their disagreements."""
     assert main(["audit", "stats", str(pristine)]) == 0
     out = capsys.readouterr().out.splitlines()
-    schemas = f"semgov.decision/v2 6, semgov.engine_event/v2 4, {SHADOW_DECISION_SCHEMA} 7"
+    schemas = f"semgov.decision/v3 6, semgov.engine_event/v2 4, {SHADOW_DECISION_SCHEMA} 7"
     assert out[0] == f"{len(LAYOUT)} records: {schemas}"
     assert out[1] == "6 decisions: allow 4, deny 2"
     assert out[3] == "policies: default@1 (yaml) x6"
@@ -191,15 +191,16 @@ def test_cli_show_marks_shadow_records(pristine: Path, capsys: pytest.CaptureFix
     assert out[-1] == "6 decision(s), 4 engine event(s), 7 shadow decision(s)"
     row = out[1 + SHADOWS[1]].split()
     rec = recs[SHADOWS[1]]
-    assert row[:3] == [str(SHADOWS[1]), rec["evaluated_at"], "shadow"] and row[4:6] == ["r-1", "d-1"]
-    assert row[7:] == ["deny,", "live", "allow", rec["live_decision_id"], "DISAGREE;", "failed", "similarity"]
-    assert out[1 + SHADOWS[4]].split()[7:] == [
+    assert row[:3] == [str(SHADOWS[1]), rec["evaluated_at"], "shadow"] and row[6:8] == ["r-1", "d-1"]
+    assert row[3:6] == ["acme", "research/entity-042", "default@1"]
+    assert row[9:] == ["deny,", "live", "allow", rec["live_decision_id"], "DISAGREE;", "failed", "similarity"]
+    assert out[1 + SHADOWS[4]].split()[9:] == [
         "allow,",
         "live",
         "allow",
         recs[SHADOWS[4]]["live_decision_id"],
     ]
-    assert out[1 + SHADOWS[6]].split()[7:] == ["allow,", "live", "none", "DISAGREE"]
+    assert out[1 + SHADOWS[6]].split()[9:] == ["allow,", "live", "none", "DISAGREE"]
     assert out[1].split()[2] == "deny"  # a live decision's row is as before
 
 
@@ -251,7 +252,7 @@ def test_proof_bundle_of_a_live_decision_skips_its_shadow(pristine: Path) -> Non
     """Proving a live decision finds the decision record, not the shadow record naming it."""
     leaves = record_payloads(pristine)
     bundle = make_bundle(pristine, json.loads(leaves[2])["decision_id"])
-    assert bundle["index"] == 2 and verify_bundle(bundle, PUB)["schema"] == "semgov.decision/v2"
+    assert bundle["index"] == 2 and verify_bundle(bundle, PUB)["schema"] == "semgov.decision/v3"
 
 
 def test_hand_made_shadow_bundle_says_shadow(

@@ -225,7 +225,7 @@ def test_the_record_states_the_plan_signed_and_v1_records_still_verify() -> None
     at = rfc3339(_now())
     signed = ev._sign("r", "acme", "research/e1", "d", res, recipient_tokens=400, evaluated_at=at)
     rec = signed.record
-    assert rec["schema"] == "semgov.decision/v2" and [s["recompute"] for s in rec["approved_spans"]] == [
+    assert rec["schema"] == "semgov.decision/v3" and [s["recompute"] for s in rec["approved_spans"]] == [
         0,
         90,
     ]

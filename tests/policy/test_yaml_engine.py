@@ -68,7 +68,7 @@ def test_shifted_repeat_approves_only_evidence(evaluator: Evaluator, keys: Keys)
         "kind": "shifted",
         "recompute": 60,
     }
-    assert rec["approved_tokens"] == 320 and rec["schema"] == "semgov.decision/v2"
+    assert rec["approved_tokens"] == 320 and rec["schema"] == "semgov.decision/v3"
 
 
 def test_all_gates_run_even_after_a_failure(evaluator: Evaluator, keys: Keys) -> None:

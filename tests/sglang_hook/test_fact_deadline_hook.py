@@ -30,7 +30,7 @@ def test_facts_past_the_decision_timeout_deny_and_the_request_runs_cold(make_har
     rl = b.recipient()
     rcp = h.new_req("rcp", rl.tokens, h.context(segments=rl.segments))
     h.match(rcp)
-    decisions = [r for r in h.records() if r["schema"] == "semgov.decision/v2"]
+    decisions = [r for r in h.records() if r["schema"] == "semgov.decision/v3"]
     assert [d["decision"] for d in decisions] == ["deny"]
     assert {g["result"] for g in decisions[0]["gates"]} == {"error"}
     assert decisions[0]["gates"][0]["detail"].startswith("fact computation exceeded 0.05 s")

@@ -131,7 +131,7 @@ def test_policy_engine_failure_denies_and_runs_cold(make_harness: Any, engine: A
     rcp = _recipient(h, b)
     h.run(rcp)
     assert rcp.prefix_len == S_LEN and not rcp.skip_radix_cache_insert
-    (decision,) = [r for r in h.records() if r["schema"] == "semgov.decision/v2"]
+    (decision,) = [r for r in h.records() if r["schema"] == "semgov.decision/v3"]
     assert decision["decision"] == "deny"
     assert {g["result"] for g in decision["gates"]} == {"error"}
     h.finish(rcp)
@@ -151,7 +151,7 @@ def test_clock_jumping_backwards_denies_and_never_crashes(make_harness: Any) -> 
     rcp = _recipient(h, b)
     h.run(rcp)
     assert rcp.prefix_len == S_LEN and not rcp.skip_radix_cache_insert
-    (decision,) = [r for r in h.records() if r["schema"] == "semgov.decision/v2"]
+    (decision,) = [r for r in h.records() if r["schema"] == "semgov.decision/v3"]
     assert decision["decision"] == "deny"
     h.finish(rcp)
     now["t"] += timedelta(hours=2, seconds=1)  # and forward again: the donor is fine again
@@ -196,7 +196,7 @@ def test_stuck_policy_engine_times_out_to_deny_and_never_stalls(make_harness: An
         t0 = time.perf_counter()
         h.match(second)
         again = time.perf_counter() - t0
-        decisions = [r for r in h.records() if r["schema"] == "semgov.decision/v2"]
+        decisions = [r for r in h.records() if r["schema"] == "semgov.decision/v3"]
         assert [d["decision"] for d in decisions] == ["deny", "deny"]
         details = [d["gates"][0]["detail"] for d in decisions]
         assert "no answer within 0.05 s" in details[0], details

@@ -142,7 +142,7 @@ def test_a_late_decision_is_audited_but_the_request_runs_cold(
     h.run(rcp)
     assert rcp.prefix_len == S_LEN and not rcp.skip_radix_cache_insert  # cold past the exact match
     recs = h.records()
-    assert [r["decision"] for r in recs if r["schema"] == "semgov.decision/v2"] == ["allow"]
+    assert [r["decision"] for r in recs if r["schema"] == "semgov.decision/v3"] == ["allow"]
     assert not any(r.get("kind") == "realization" for r in recs)
     h.finish(rcp)
     h.assert_clean()
@@ -311,7 +311,7 @@ def test_the_decision_process_decides_and_the_scheduler_process_audits(make_harn
     assert rcp.prefix_len == S_LEN + E_LEN
     h.finish(rcp)
     recs = h.records()
-    [dec] = [r for r in recs if r["schema"] == "semgov.decision/v2"]
+    [dec] = [r for r in recs if r["schema"] == "semgov.decision/v3"]
     [real] = [r for r in recs if r.get("kind") == "realization"]
     assert dec["decision"] == "allow" and real["decision_id"] == dec["decision_id"]
     h.assert_clean()
@@ -357,7 +357,7 @@ def test_the_decision_process_registers_donors_and_signs_events_not_the_schedule
     h.finish(rcp)
     recs = h.records()
     [real] = [r for r in recs if r.get("kind") == "realization"]
-    [dec] = [r for r in recs if r["schema"] == "semgov.decision/v2"]
+    [dec] = [r for r in recs if r["schema"] == "semgov.decision/v3"]
     assert real["decision_id"] == dec["decision_id"] and real["key_id"] == gov.signing_key.key_id
     assert calls == []
     h.close()

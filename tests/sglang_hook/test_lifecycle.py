@@ -92,7 +92,7 @@ def test_deny_unrelated_evidence_runs_cold(make_harness: Any) -> None:
     h.prefill([rcp])
     h.finish(rcp)
     h.assert_clean()
-    decisions = [r for r in h.records() if r["schema"] == "semgov.decision/v2"]
+    decisions = [r for r in h.records() if r["schema"] == "semgov.decision/v3"]
     assert [d["decision"] for d in decisions] == ["deny"]
 
 
@@ -332,7 +332,7 @@ def test_realization_event_names_decision_tokens_and_slots(make_harness: Any) ->
     rcp = new_recipient(h, b)
     h.run(rcp)
     recs = h.records()
-    decision = next(r for r in recs if r["schema"] == "semgov.decision/v2")
+    decision = next(r for r in recs if r["schema"] == "semgov.decision/v3")
     event = next(r for r in recs if r.get("kind") == "realization")
     assert decision["decision"] == "allow"
     assert event["decision_id"] == decision["decision_id"]
@@ -361,7 +361,7 @@ def test_donor_with_pii_is_denied_and_the_recipient_runs_cold(make_harness: Any)
     rcp = new_recipient(h, b)
     h.run(rcp)
     assert rcp.prefix_len == S_LEN and not rcp.skip_radix_cache_insert
-    (decision,) = [r for r in h.records() if r["schema"] == "semgov.decision/v2"]
+    (decision,) = [r for r in h.records() if r["schema"] == "semgov.decision/v3"]
     gates = {g["gate"]: g["result"] for g in decision["gates"]}
     assert decision["decision"] == "deny" and gates["pii"] == "fail"
     h.finish(rcp)

@@ -122,7 +122,7 @@ def test_shadow_records_are_audited_and_never_acted_on(
     finally:
         gov.close()
     recs = records(hook_files)
-    live = [r for r in recs if r["schema"] == "semgov.decision/v2"]
+    live = [r for r in recs if r["schema"] == "semgov.decision/v3"]
     shadows = [r for r in recs if r["schema"] == "semgov.shadow_decision/v1"]
     assert [r["decision"] for r in live] == ["allow"] and [r["decision"] for r in shadows] == ["deny"]
     assert shadows[0]["live_decision_id"] == live[0]["decision_id"] and shadows[0]["live_decision"] == "allow"

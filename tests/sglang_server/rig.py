@@ -622,7 +622,7 @@ def summarize(records: list[dict[str, Any]]) -> AuditSummary:
     s = AuditSummary()
     for r in records:
         schema = r.get("schema")
-        if schema == "semgov.decision/v2":
+        if schema == "semgov.decision/v3":
             s.decisions.setdefault(str(r["request_id"]), []).append(r)
             key = f"decision:{r['decision']}"
         elif schema in ("semgov.engine_event/v1", "semgov.engine_event/v2"):

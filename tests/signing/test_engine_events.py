@@ -246,7 +246,8 @@ def test_not_an_event(keys: Keys) -> None:
         verify_engine_event({"hello": 1}, keys.decision.public_key)
     other = canonicalize({**_signed(keys).record, "schema": "semgov.engine_event/v3"})
     known = (
-        "semgov.decision/v1, semgov.decision/v2, semgov.shadow_decision/v1, semgov.engine_event/v1, "
+        "semgov.decision/v1, semgov.decision/v2, semgov.decision/v3, semgov.shadow_decision/v1, "
+        "semgov.engine_event/v1, "
         "semgov.engine_event/v2"
     )
     expect = f"not a {known} record"

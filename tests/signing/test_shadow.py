@@ -16,7 +16,7 @@ from semgov.signing.canonical import canonicalize
 from semgov.signing.keys import generate_keypair, load_public_key
 from semgov.signing.shadow import is_disagreement, shadow_record, verify_shadow_record
 from semgov.typing import SignedDecision
-from semgov.wire.models import SHADOW_DECISION_SCHEMA, ShadowDecisionRecord
+from semgov.wire.models import DECISION_V3_FIELDS, SHADOW_DECISION_SCHEMA, ShadowDecisionRecord
 from tests.conftest import Keys, candidate, parse, policy_with, request
 
 SHADOW_ONLY = ("schema", "live_decision_id", "live_decision", "key_id", "signature")
@@ -54,7 +54,8 @@ def lenient(keys: Keys, pii_scanner: PiiScanner) -> Evaluator:
 
 
 def test_round_trip(evaluator: Evaluator, strict: Evaluator, keys: Keys) -> None:
-    """A shadow record keeps the shadow decision's content, names the live decision, and verifies."""
+    """A shadow record keeps the shadow decision's content (less the v3 donor scope: a shadow crossed
+    nothing), names the live decision, and verifies."""
     live, sh = _pair(evaluator, strict, keys)
     rec = shadow_record(sh, live, keys.decision)
     assert rec.canonical == canonicalize(rec.record) and json.loads(rec.canonical) == rec.record
@@ -63,8 +64,9 @@ def test_round_trip(evaluator: Evaluator, strict: Evaluator, keys: Keys) -> None
     assert (typed.live_decision_id, typed.live_decision) == (live.record["decision_id"], "allow")
     assert typed.decision == "deny" and typed.key_id == keys.decision.key_id
     assert {k: v for k, v in rec.record.items() if k not in SHADOW_ONLY} == {
-        k: v for k, v in sh.record.items() if k not in SHADOW_ONLY
+        k: v for k, v in sh.record.items() if k not in SHADOW_ONLY and k not in DECISION_V3_FIELDS
     }
+    assert all(k in sh.record and k not in rec.record for k in DECISION_V3_FIELDS)
 
 
 def test_allowed_spans_keep_their_plan(evaluator: Evaluator, lenient: Evaluator, keys: Keys) -> None:
@@ -166,7 +168,7 @@ def test_only_live_decisions_are_paired_and_shadowed(
     rec = shadow_record(sh, live, keys.decision)
     with pytest.raises(InputError, match="not a live decision"):
         shadow_record(sh, rec, keys.decision)
-    with pytest.raises(InputError, match="made from a semgov.decision/v2 record"):
+    with pytest.raises(InputError, match="made from a semgov.decision/v3 record"):
         shadow_record(rec, live, keys.decision)
 
 
