@@ -42,27 +42,32 @@ EX = ROOT / "examples"
 START = datetime(2026, 11, 1, tzinfo=UTC)
 
 
-def templates(key: SigningKey) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A real allow and a real deny of the example workload, unsigned."""
+def templates(key: SigningKey) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A real allow and real denies of the example workload (one per set of failing gates, at most
+    six), unsigned."""
     ev = Evaluator(load_policy(ROOT / "policies" / "default"), Keyring.load(EX / "keyring.json"), key)
-    found: dict[str, dict[str, Any]] = {}
+    allow: dict[str, Any] | None = None
+    denies: dict[tuple[str, ...], dict[str, Any]] = {}
     for req in read_captured(EX / "captured.jsonl.gz"):
-        if isinstance(req, CapturedRequest):
-            for d in ev.evaluate(req):
-                found.setdefault(d.decision, d.record)
-        if len(found) == 2:
+        if not isinstance(req, CapturedRequest):
+            continue
+        for d in ev.evaluate(req):
+            rec = {k: v for k, v in d.record.items() if k not in ("signature", "key_id")}
+            if d.decision == "allow":
+                allow = allow or rec
+            else:
+                denies.setdefault(tuple(g["gate"] for g in rec["gates"] if g["result"] != "pass"), rec)
+        if allow is not None and len(denies) >= 6:
             break
-    allow, deny = (
-        {k: v for k, v in found[w].items() if k not in ("signature", "key_id")} for w in ("allow", "deny")
-    )
-    return allow, deny
+    assert allow is not None and denies
+    return allow, list(denies.values())[:6]
 
 
-def variant(i: int, n: int, allow: dict[str, Any], deny: dict[str, Any]) -> dict[str, Any]:
+def variant(i: int, n: int, allow: dict[str, Any], denies: list[dict[str, Any]]) -> dict[str, Any]:
     """Record ``i`` of ``n``: its scope, outcome and time (deterministic)."""
     tenant, ns = f"tenant-{i % 20:02d}", f"research/entity-{(i // 20) % 10:03d}"
     at = START + timedelta(seconds=30 * 86400 * i / n)
-    rec = copy.copy(allow if i % 3 else deny)
+    rec = copy.copy(allow if i % 3 else denies[(i // 3) % len(denies)])
     rec.update(
         decision_id=uuid.uuid4().hex,
         request_id=f"r-{i}",
@@ -82,7 +87,7 @@ def variant(i: int, n: int, allow: dict[str, Any], deny: dict[str, Any]) -> dict
 
 
 def build(d: Path, n: int, key: SigningKey) -> None:
-    allow, deny = templates(key)
+    allow, denies = templates(key)
     t = time.perf_counter()
     with AuditLog.open(d, signing_key=key, origin="semgov/bench", checkpoint_every=100_000) as log:
         for kind, detail in (("policy_loaded", "live default@1"), ("policy_loaded", "shadow default@2")):
@@ -90,9 +95,9 @@ def build(d: Path, n: int, key: SigningKey) -> None:
                 sign_engine_event(engine_event(kind, engine="bench", at=START, detail=detail), key).canonical
             )
         for i in range(n):
-            rec, canonical = sign_record_canonical(variant(i, n, allow, deny), key)
+            rec, canonical = sign_record_canonical(variant(i, n, allow, denies), key)
             log.append(canonical)
-            if rec["decision"] == "allow" and i % 2 == 0:
+            if rec["decision"] == "allow" and (i * 7919) % 11 < 6:  # about half, spread over every scope
                 kind = "realization_failed" if i % 1000 == 2 else "realization"
                 tokens = 0 if kind != "realization" else rec["approved_tokens"]
                 ev = engine_event(

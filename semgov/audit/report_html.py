@@ -34,7 +34,7 @@ main{max-width:1180px;margin:0 auto;padding:0 24px 48px}
 h1{font-size:22px;margin:20px 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #d5d9e0}
 table{border-collapse:collapse;width:100%;background:#fff;margin:6px 0}
 th,td{border:1px solid #e1e4ea;padding:4px 8px;text-align:left;vertical-align:top}
-th{background:#eef1f5;font-weight:600}td.n{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#eef1f5;font-weight:600}td{overflow-wrap:anywhere}td.n{text-align:right;font-variant-numeric:tabular-nums}
 tr.sub td{background:#f3f5f8;font-weight:600}tr.total td{background:#e6eaf0;font-weight:700}
 .muted{color:#5b6575}.kpis{display:flex;gap:12px;flex-wrap:wrap;margin:12px 0}
 .kpi{background:#fff;border:1px solid #e1e4ea;padding:8px 14px;min-width:120px}
@@ -156,34 +156,26 @@ def _scope_cells(r: ScopeRow, key: str) -> str:
 
 
 def _scopes(s: Summary) -> str:
-    rows = []
     tenants = s.tenants()
-    for tenant in sorted(tenants):
-        for (t, ns), r in sorted(s.scopes.items()):
-            if t == tenant:
-                rows.append(f"<tr>{_t(t)}{_t(ns)}{_scope_cells(r, f'ns:{t}/{ns}')}</tr>")
-        rows.append(
-            f'<tr class="sub">{_t(tenant)}{_t("(tenant total)")}'
-            f"{_scope_cells(tenants[tenant], f'tenant:{tenant}')}</tr>"
-        )
-    rows.append(f'<tr class="total">{_t("all")}{_t("")}{_scope_cells(s.totals(), "total")}</tr>')
-    head = (
-        "tenant",
-        "namespace",
-        "candidates",
-        "allows",
-        "denies",
-        "approved tokens",
-        "realizations",
-        "prefill tokens saved",
-        "cross-boundary allows",
-    )
+    head = ("candidates", "allows", "denies", "approved tokens", "realizations", "prefill tokens saved",
+            "cross-boundary allows")  # fmt: skip
+    rows = [f"<tr>{_t(t)}{_scope_cells(tenants[t], f'tenant:{t}')}</tr>" for t in sorted(tenants)]
+    rows.append(f'<tr class="total">{_t("all tenants")}{_scope_cells(s.totals(), "total")}</tr>')
+    detail = [
+        f"<tr>{_t(t)}{_t(ns)}{_scope_cells(r, f'ns:{t}/{ns}')}</tr>"
+        for (t, ns), r in sorted(s.scopes.items())
+    ]
     note = (
         '<p class="muted">Prefill tokens saved: tokens whose K/V an engine copied from an approved donor '
         "instead of computing them (realization events); approved tokens are what the policy allowed. "
         "A log replayed by <code>semgov check</code> has no realizations.</p>"
     )
-    return _table(head, rows) + note
+    per_ns = _table(("tenant", "namespace", *head), detail)
+    return (
+        _table(("tenant", *head), rows)
+        + f"<details><summary>per namespace ({len(detail)})</summary>{per_ns}</details>"
+        + note
+    )
 
 
 def _cross(s: Summary) -> str:
@@ -222,8 +214,20 @@ def _policies(s: Summary) -> str:
     return out
 
 
+def _linked(text: str, index: int | None) -> str:
+    """A cell linking to the listed record ``index`` (its row's anchor), or plain text."""
+    if index is None:
+        return _t(text)
+    return (
+        f'<td><a href="#r{index}">{escape(text)}</a> <span class="muted">(first: record {index})</span></td>'
+    )
+
+
 def _events(s: Summary) -> str:
-    kinds = [f"<tr>{_t(k)}{_n(v, f'event:{k}')}</tr>" for k, v in sorted(s.events.items())]
+    first: dict[str, int] = {}
+    for r in [*s.event_rows, *s.policy_events]:
+        first.setdefault(r.kind, r.index)
+    kinds = [f"<tr>{_linked(k, first.get(k))}{_n(v, f'event:{k}')}</tr>" for k, v in sorted(s.events.items())]
     out = _table(("engine event", "count"), kinds) if kinds else '<p class="muted">No engine event.</p>'
     if s.failures:
         out += "<h3>Realization failures by reason</h3>" + _table(
@@ -266,7 +270,7 @@ def render(s: Summary, verdict: Verdict, *, title_scope: str, generated_at: str)
         ("Verification", f"<ul>{details}</ul>"),
         ("Decisions over time", _timeline(s)),
         ("Deny reasons by gate", _gates(s)),
-        ("Per tenant and namespace", _scopes(s)),
+        ("Per tenant (and namespace)", _scopes(s)),
         ("Reuse across a tenant or namespace boundary", _cross(s)),
         ("Policy revisions in force", _policies(s)),
         ("Engine events", _events(s)),

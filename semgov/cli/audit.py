@@ -27,7 +27,7 @@ from semgov.audit.query import (
     tally,
 )
 from semgov.audit.reader import decoded_records
-from semgov.cli.audit_report import add_key_options, register_report
+from semgov.cli.audit_report import add_key_options, register_report, verify_from_args
 from semgov.errors import InputError
 from semgov.wire.names import ENGINE_EVENT_KINDS, ENGINE_EVENT_SCHEMAS, GATE_NAMES, SHADOW_DECISION_SCHEMA
 
@@ -225,26 +225,7 @@ def _print_keys(rep: Report) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from semgov.audit.keyring import AuditKeyring
-    from semgov.audit.verify_dir import verify_log
-    from semgov.signing.keys import load_public_key
-
-    key = load_public_key(args.pubkey) if args.pubkey else None
-    keyring = AuditKeyring.load(args.keyring) if args.keyring else None
-    kept = None
-    if args.checkpoint is not None:
-        try:
-            kept = args.checkpoint.read_bytes()
-        except OSError as e:
-            raise InputError(f"cannot read checkpoint: {e.strerror}", source=str(args.checkpoint)) from e
-    rep = verify_log(
-        args.directory,
-        public_key=key,
-        keyring=keyring,
-        kept_checkpoint=kept,
-        workers=args.workers,
-        allow_unanchored=args.allow_unanchored,
-    )
+    rep, _ = verify_from_args(args)
     cp = rep.checkpoint
     print(f"audit log {args.directory}: {rep.records} records, {rep.seals} seals, root {rep.root.hex()}")
     print(f"signatures checked: {rep.signatures_checked} records, {rep.seals_checked} seals")

@@ -69,10 +69,10 @@ def register_report(a: Any, default_dir: Path) -> None:
     r.set_defaults(func=run_report)
 
 
-def _verdict(args: argparse.Namespace) -> Any:
-    """Verify the log; the verdict the page opens with, and the exit status it means."""
+def verify_from_args(args: argparse.Namespace) -> tuple[Any, bytes | None]:
+    """``verify_log`` as the key options say (``audit verify`` and ``audit report``); the report
+    and the kept checkpoint's bytes (None without ``--checkpoint``)."""
     from semgov.audit.keyring import AuditKeyring
-    from semgov.audit.report_html import Verdict
     from semgov.audit.verify_dir import verify_log
     from semgov.signing.keys import load_public_key
 
@@ -92,6 +92,14 @@ def _verdict(args: argparse.Namespace) -> Any:
         workers=args.workers,
         allow_unanchored=args.allow_unanchored,
     )
+    return rep, kept
+
+
+def _verdict(args: argparse.Namespace) -> Any:
+    """Verify the log; the verdict the page opens with, and the exit status it means."""
+    from semgov.audit.report_html import Verdict
+
+    rep, kept = verify_from_args(args)
     details = [
         f"{rep.records:,} records, {rep.seals:,} seals; signatures checked: {rep.signatures_checked:,} "
         f"records, {rep.seals_checked:,} seals, {rep.checkpoints_checked} checkpoints",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections import Counter
@@ -191,6 +192,10 @@ def test_every_figure_equals_an_independent_count(
     assert "namespace: shared by namespace.sharing[0]" in html and "legal/x" in html
     assert _num(page.figures, "failure:RuntimeError") == 1 and _num(page.figures, "cross:denied") == 1
     assert "<script src" not in html and "http://" not in html and "https://" not in html
+    links = re.findall(r'href="#(r\d+)"', html)
+    assert len(links) >= 4 and all(f'id="{a}"' in html for a in links)  # engine events link to their rows
+    violation = next(r["index"] for r in recs if r.get("kind") == "invariant_violation")
+    assert f'<a href="#r{violation}">invariant_violation</a>' in html
 
 
 def test_a_tenant_report_counts_that_tenant_only(
