@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Iterator
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +128,12 @@ def _spans(entry: dict[str, Any]) -> tuple[int, int, int]:
     return int(span["line"]), int(span["start"]), int(span["end"])
 
 
+@lru_cache(maxsize=32)
 def _rego_ast(path: str, text: str) -> dict[str, Any]:
+    """regorus's AST of one module, parsed once per (path, text): an explanation of each failed
+    case reads every module three times (deny rules, gate rules, settings).
+
+    NOTE: callers only read the result (it is shared)."""
     import regorus
 
     eng = regorus.Engine()
