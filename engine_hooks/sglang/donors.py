@@ -339,6 +339,10 @@ class DonorRegistry:
             self._pending -= 1
             self._pending_cv.notify_all()
 
+    def in_flight(self) -> int:
+        """Registrations submitted and not yet done (a read of one int: any thread, no lock)."""
+        return self._pending
+
     def wait_registrations(self, timeout: float = 30.0) -> bool:
         """Block until queued registrations are done (tests and shutdown); False on timeout."""
         with self._pending_cv:

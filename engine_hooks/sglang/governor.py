@@ -271,6 +271,10 @@ class Governor:
         """Scheduler thread: make registered donors visible to the provider. Returns how many."""
         return self.donors.drain()
 
+    def registrations_in_flight(self) -> int:
+        """Donors submitted whose registration is not done yet (never waits)."""
+        return self.donors.in_flight()
+
     def wait_registrations(self, timeout: float = 30.0) -> bool:
         """Block until queued registrations are done (tests and shutdown); False on timeout."""
         return self.donors.wait_registrations(timeout)

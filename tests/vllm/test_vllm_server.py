@@ -1,51 +1,34 @@
-"""A real vLLM 0.32 OpenAI server on CPU with semgov's scope middleware (issue 19, first part):
-exact-prefix KV blocks never cross a tenant or namespace, whatever `cache_salt` the client sends.
+"""A real vLLM 0.32 OpenAI server on CPU with semgov's scope middleware (issue 19): exact-prefix
+KV blocks never cross a tenant or namespace, whatever `cache_salt` the client sends.
 
-The server runs in its own environment (vLLM and SGLang pin different versions of shared
-packages): `.venv-vllm` at the repository root, made by `.ci/run` (or `SEMGOV_VLLM_PYTHON`). A tiny
-Llama (head_dim 64, dummy weights, token-id prompts) is enough: what is measured is vLLM's own
-prefix cache, `vllm:prefix_cache_hits_total` on `/metrics`, around each request.
+The server is the connector tests' (``tests/vllm/conftest.py``: the scope middleware and semgov's
+connector, in vLLM's own environment). What is measured here is vLLM's own prefix cache,
+`vllm:prefix_cache_hits_total` on `/metrics`, around each request (sent one at a time).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-
 from engine_hooks.sglang.context import make_context_token
+from tests.sglang_server.rig import CONTEXT_SECRET
+from tests.vllm.rig import TINY, VllmServer
 
-ROOT = Path(__file__).resolve().parents[2]
-MODEL = ROOT / "tests" / "vllm" / "tiny_llama_hd64"
-KEY = os.urandom(32).hex().encode()
+MODEL = TINY
+KEY = CONTEXT_SECRET
 TASK = {"id": "qa", "version": "1"}
 CONTRACT = {"id": "answer", "schema_sha256": "ab" * 32}
 PROMPT = list(range(1000, 1600))  # 600 tokens: 4 full 128-token blocks can be hit
 
 
-def _python() -> Path:
-    """The vLLM environment's interpreter; CI must have it, elsewhere the test is skipped."""
-    py = Path(os.environ.get("SEMGOV_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
-    if not py.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"no vLLM environment at {py} (.ci/run makes .venv-vllm)")
-        pytest.skip(f"no vLLM environment at {py} (see .ci/run: .venv-vllm)")
-    return py
-
-
 class Server:
-    def __init__(self, port: int, log: Path) -> None:
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = log
+    """Prefix-cache hits of one request at a time on the shared server."""
+
+    def __init__(self, server: VllmServer) -> None:
+        self.url = server.url
 
     def hits(self) -> tuple[float, float]:
         """(prefix-cache tokens queried, tokens hit) so far."""
@@ -74,66 +57,6 @@ class Server:
         return status, h1 - h0
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    py = _python()
-    d = tmp_path_factory.mktemp("vllm")
-    (d / "context.key").write_bytes(KEY)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "SEMGOV_CONTEXT_KEY": str(d / "context.key"),
-        "SEMGOV_MAX_BODY_MB": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-    }
-    cmd = [
-        str(py),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(MODEL),
-        "--load-format",
-        "dummy",
-        "--skip-tokenizer-init",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--max-model-len",
-        "4096",
-        "--enable-prefix-caching",
-        "--middleware",
-        "engine_hooks.vllm.scope.ScopeSalt",
-    ]
-    log = d / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, env=env, cwd=str(d), stdout=out, stderr=subprocess.STDOUT)
-    srv = Server(port, log)
-    deadline = time.monotonic() + 600
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-            try:
-                if urllib.request.urlopen(srv.url + "/health", timeout=5).status == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM not ready in 600 s:\n{log.read_text()[-4000:]}")
-            time.sleep(2)
-        yield srv
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
 def _doc(prompt: list[int], tenant: str | None = None, namespace: str = "ns1", **over: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {"model": str(MODEL), "prompt": prompt, "max_tokens": 1, **over}
     if tenant is not None:
@@ -144,10 +67,11 @@ def _doc(prompt: list[int], tenant: str | None = None, namespace: str = "ns1", *
     return doc
 
 
-def test_prefix_blocks_stay_within_a_scope(server: Server) -> None:
+def test_prefix_blocks_stay_within_a_scope(vllm_server: VllmServer) -> None:
     """In a real vLLM server: a tenant's repeat hits its own cached blocks; another tenant, another
     namespace, a forged token, no token, and the first tenant under another client salt hit none
     of them, whatever cache_salt each client sends."""
+    server = Server(vllm_server)
     p = [t + 1 for t in PROMPT]
     assert server.complete(_doc(p, "acme"))[0] == 200
     status, hit = server.complete(_doc(p, "acme", cache_salt="anything"))
@@ -161,15 +85,17 @@ def test_prefix_blocks_stay_within_a_scope(server: Server) -> None:
         assert server.complete(doc) == (200, 0), doc.get("kv_transfer_params")
 
 
-def test_anonymous_requests_share_only_with_anonymous_ones(server: Server) -> None:
+def test_anonymous_requests_share_only_with_anonymous_ones(vllm_server: VllmServer) -> None:
     """Requests without a context reuse each other's exact prefixes as stock vLLM does (same
     model and salt), never a tenant's."""
+    server = Server(vllm_server)
     p = [t + 7 for t in PROMPT]
     assert server.complete(_doc(p)) == (200, 0)
     assert server.complete(_doc(p)) == (200, 512)
     assert server.complete(_doc(p, "acme")) == (200, 0)
 
 
-def test_an_oversized_body_is_refused(server: Server) -> None:
+def test_an_oversized_body_is_refused(vllm_server: VllmServer) -> None:
     """A body over SEMGOV_MAX_BODY_MB is answered 413 by the middleware, not served unscoped."""
+    server = Server(vllm_server)
     assert server.complete(_doc(list(range(400_000)), "acme"))[0] == 413

@@ -1,0 +1,23 @@
+"""The real vLLM server the vLLM tests share (started once per session, on first use).
+
+One server carries both parts of semgov for vLLM: the scope middleware (``test_vllm_server.py``)
+and the governed connector (``test_connector_server.py``), with the K/V dump diagnostic on and a
+1 MiB body limit (the middleware's 413). ``--enforce-eager`` skips vLLM's torch.compile warm-up
+(about 11 s of a 50 s start on two cores): the tests check mechanics, not speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.vllm.rig import VllmServer, VllmServerConfig, launch_vllm, require_vllm_python
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    cfg = VllmServerConfig(kv_dump=True, eager=True, hook_env={"SEMGOV_MAX_BODY_MB": "1"})
+    with launch_vllm(cfg, tmp_path_factory.mktemp("vllm-server"), require_vllm_python()) as s:
+        yield s
+        assert s.fatal_lines() == [], s.tail()
