@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # Server check of the semgov SGLang backend: real SGLang servers, on the CPU or on a GPU.
 #
-#   engine_hooks/sglang/server_check.sh [--device cpu|cuda] [--model tiny|smollm2-arch]
+#   engine_hooks/sglang/server_check.sh [--engine sglang] [--device cpu|cuda] [--model tiny|smollm2-arch]
 #                                       [--pairs N] [--servers a,b] [--out DIR] [--keep]
+#   engine_hooks/sglang/server_check.sh --engine vllm [--model tiny|smollm2] [--pairs N] [--e-len N]
+#                                       [--out DIR] [--keep]
+#
+# --engine vllm runs the same paired cohorts in two real vLLM 0.32 servers (stock prefix cache,
+# and with semgov's connector; tests/vllm/check.py), in vLLM's own environment (.venv-vllm or
+# SEMGOV_VLLM_PYTHON; this script's python only drives them), and prints TTFT per cohort: cold,
+# stock, semgov. The SGLang check prints the same three columns (a stock SGLang server runs the
+# cohorts too).
 #
 # From a checkout, in an environment where semgov is installed (`pip install -e .`, which
 # registers the `semgov` SGLang plugin) with SGLang 0.5.23: on a GPU machine `pip install -e
@@ -26,4 +34,17 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
-exec "${PYTHON:-python}" -m tests.sglang_server.check "$@"
+engine=sglang
+args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --engine) engine="${2:-}"; shift 2 || { echo "--engine needs sglang or vllm" >&2; exit 2; } ;;
+    --engine=*) engine="${1#--engine=}"; shift ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+case "$engine" in
+  sglang) exec "${PYTHON:-python}" -m tests.sglang_server.check "${args[@]+"${args[@]}"}" ;;
+  vllm) exec "${PYTHON:-python}" -m tests.vllm.check "${args[@]+"${args[@]}"}" ;;
+  *) echo "--engine $engine: expected sglang or vllm" >&2; exit 2 ;;
+esac

@@ -191,6 +191,38 @@ def cohorts(server: Server, tag: str, pairs: int = 1, e_len: int = 2048) -> Outc
     return out
 
 
+def stock_cohorts(server: Server, tag: str, pairs: int = 1, e_len: int = 2048) -> Outcome:
+    """The same cohorts on a stock SGLang server (no semgov backend): TTFT of the cold and the warm
+    ("stock") arms, requests sent exactly as :func:`cohorts` sends them, except that each scope's
+    cache key is a plain ``tenant:namespace`` string (what an operator isolating tenants with
+    ``extra_key`` would send: exact prefixes shared within a scope, as semgov's tree does)."""
+    out = Outcome(f"stock-cohorts[{tag}]")
+    sent: list[Result] = []
+    for seed in range(pairs):
+        for cohort in COHORTS:
+            p = pair_prompts(f"{tag}-{cohort}-{seed}", e_len=e_len, unrelated=cohort == "unrelated")
+            ns, ns_cold = f"ns-{tag}-{cohort}-{seed}", f"ns-{tag}-{cohort}-{seed}-cold"
+            tenant = "globex" if cohort == "other_tenant" else "acme"
+            rid = f"{tag}-{cohort}-{seed}"
+
+            def key(t: str, n: str, _c: str = cohort, _rid: str = rid) -> str:
+                return f"plain-{_rid}-{n}" if _c == "no_context" else f"stock:{t}:{n}"
+
+            if cohort != "other_tenant":
+                sent.append(server.generate(p.primer, rid=f"{rid}-primer", extra_key=key(tenant, ns_cold)))
+                wait_idle(server)
+            cold = server.generate(p.recipient, rid=f"{rid}-cold", extra_key=key(tenant, ns_cold))
+            donor = server.generate(p.donor, rid=f"{rid}-donor", extra_key=key("acme", ns))
+            wait_idle(server)
+            warm = server.generate(p.recipient, rid=f"{rid}-warm", extra_key=key(tenant, ns))
+            sent += [cold, donor, warm]
+            out.ttft(f"{cohort} cold", cold)
+            out.ttft(f"{cohort} stock", warm)
+    _sent(out, sent)
+    _server_problems(server, out)
+    return out
+
+
 # ---- regions: approved evidence after fresh tokens -------------------------------------------
 
 

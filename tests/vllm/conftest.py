@@ -2,8 +2,11 @@
 
 One server carries both parts of semgov for vLLM: the scope middleware (``test_vllm_server.py``)
 and the governed connector (``test_connector_server.py``), with the K/V dump diagnostic on and a
-1 MiB body limit (the middleware's 413). ``--enforce-eager`` skips vLLM's torch.compile warm-up
-(about 11 s of a 50 s start on two cores): the tests check mechanics, not speed.
+1 MiB body limit (the middleware's 413). Its KV cache is 40 blocks of 128 tokens (5,120 tokens;
+prompts up to 2,048): enough for the sequential pairs, small enough that concurrent traffic makes
+vLLM preempt (the preemption test asserts it did). ``--enforce-eager`` skips vLLM's torch.compile
+warm-up (about 11 s of a 50 s start on two cores): the tests check mechanics, not speed. One
+server start is about 40 s of CI time.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from tests.vllm.rig import VllmServer, VllmServerConfig, launch_vllm, require_vl
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    cfg = VllmServerConfig(kv_dump=True, eager=True, hook_env={"SEMGOV_MAX_BODY_MB": "1"})
+    cfg = VllmServerConfig(
+        kv_dump=True, eager=True, num_blocks=40, max_model_len=2048, hook_env={"SEMGOV_MAX_BODY_MB": "1"}
+    )
     with launch_vllm(cfg, tmp_path_factory.mktemp("vllm-server"), require_vllm_python()) as s:
         yield s
         assert s.fatal_lines() == [], s.tail()

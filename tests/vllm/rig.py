@@ -225,6 +225,7 @@ class VllmServer:
         max_tokens: int = 1,
         timeout: float = 300.0,
         abort_after_first: bool = False,
+        cache_salt: str | None = None,
     ) -> Reply:
         """A streamed completion of token ids; TTFT is the first chunk carrying a token. With
         ``abort_after_first`` the connection is closed at the first token (vLLM aborts the request)."""
@@ -232,6 +233,8 @@ class VllmServer:
                                "stream": True, "return_token_ids": True, "temperature": 0.0}  # fmt: skip
         if token is not None:
             doc["kv_transfer_params"] = {"semgov_context": token}
+        if cache_salt is not None:
+            doc["cache_salt"] = cache_salt
         req = urllib.request.Request(
             self.url + "/v1/completions",
             data=json.dumps(doc).encode(),

@@ -10,13 +10,12 @@ connector). Every realized token is read from the audit log the connector writes
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.sglang_server.rig import pair_prompts, verify_audit
-from tests.vllm.rig import VllmServer, VllmServerConfig, by_client_id, launch_vllm, require_vllm_python
+from tests.vllm.rig import VllmServer, by_client_id
 
 
 @pytest.fixture
@@ -115,8 +114,8 @@ def test_loaded_kv_equals_a_cold_prefill(server: VllmServer) -> None:
 
 def test_concurrent_requests_with_aborts(server: VllmServer) -> None:
     """Twelve concurrent donors and recipients, a third of them aborted at their first token:
-    the engine stays up, no error is logged, every completed allowed recipient realizes its
-    evidence or runs cold (audited), and the audit log verifies."""
+    the engine stays up, no error is logged, every allowed recipient realizes its evidence (with
+    any of S's blocks the small cache evicted) or runs cold (audited), and the audit log verifies."""
     pairs = [pair_prompts(f"conc-{i}", e_len=512) for i in range(6)]
     for i, p in enumerate(pairs):
         server.complete(p.donor, f"conc-{i}-d", server.token("acme", f"conc{i}", p.donor_segs))
@@ -145,25 +144,21 @@ def test_concurrent_requests_with_aborts(server: VllmServer) -> None:
     for i in range(6):
         label = by_client_id(audit, f"conc-{i}-r")
         assert label is not None and audit.allowed(label) == 1
-        assert audit.realized.get(label, 0) in (0, 512)
+        # NOTE: E's 512 tokens; plus S's blocks that the small cache evicted meanwhile (whole blocks:
+        # then S comes from the donor too, as a prefix piece); 0 if the load failed (recomputed).
+        assert audit.realized.get(label, 0) in (0, 512, 640, 768)
     assert server.fatal_lines() == []
     assert verify_audit(server.files) is None
     after, _, _ = _pair(server, "conc-after")
     assert _realized(server, "conc-after-r")[0] == 1024
 
 
-@pytest.fixture(scope="module")
-def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    cfg = VllmServerConfig(num_blocks=40, max_model_len=2048, eager=True)
-    with launch_vllm(cfg, tmp_path_factory.mktemp("vllm-small"), require_vllm_python()) as s:
-        yield s
-
-
-def test_preemption_under_a_small_kv_cache(small: VllmServer) -> None:
+def test_preemption_under_a_small_kv_cache(vllm_server: VllmServer) -> None:
     """A 40-block KV cache (5,120 tokens) and eight concurrent ~1.1k-token requests decoding 256
     tokens each (four allowed recipients, four fresh prompts): vLLM preempts and recomputes, every
     request completes, recipients are realized from their one decision (again after a preemption,
     or recomputed), no load fails, and the engine stays up with an audit log that verifies."""
+    small = vllm_server
     pairs = [pair_prompts(f"pre-{i}", e_len=768) for i in range(8)]
     for i, p in enumerate(pairs[:4]):
         small.complete(p.donor, f"pre-{i}-d", small.token("acme", f"pre{i}", p.donor_segs))
@@ -186,7 +181,8 @@ def test_preemption_under_a_small_kv_cache(small: VllmServer) -> None:
     m = small.metrics()
     assert m.get("vllm:num_preemptions_total", 0) > 0, "no preemption happened: the test lost its point"
     audit = small.audit()
-    assert audit.failed == [], audit.failed
+    mine = [f for f in audit.failed if "-pre-" in f"-{f.get('request_id')}"]
+    assert mine == [], mine
     for i in range(4):
         label = by_client_id(audit, f"pre-{i}-r")
         assert label is not None and audit.allowed(label) == 1
