@@ -188,7 +188,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.monotonic()
     try:
         for arm, connector in (("stock", False), ("semgov", True)):
-            cfg = VllmServerConfig(model=model, dummy_weights=dummy, connector=connector, kv_cache_gib="2")
+            # NOTE: vLLM reserves one more CPU core when a KV connector is configured (for NIXL); on a
+            # small machine that changes the worker's thread count. Both servers reserve one.
+            cfg = VllmServerConfig(
+                model=model, dummy_weights=dummy, connector=connector, kv_cache_gib="2",
+                hook_env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"},
+            )  # fmt: skip
             print(
                 f"[server_check] starting vLLM {arm} ({'with' if connector else 'no'} semgov connector)",
                 flush=True,
