@@ -23,6 +23,8 @@ NOTE: invariants:
   random suffix); records name requests by :func:`request_label` of it;
 - a request that received reused KV never becomes a donor; a donor is registered only from a
   store entry holding every prompt position;
+- reused KV never enters vLLM's prefix cache: a recipient's blocks from its load on are sealed
+  (:func:`seal_blocks`) before vLLM allocates them, or nothing is loaded;
 - nothing a client sends raises out of these methods: any error costs reuse (0 tokens), never
   the scheduler.
 """
@@ -151,7 +153,11 @@ class SchedulerSide:
         """vLLM's ``get_num_new_matched_tokens``: approved tokens to load after ``num_computed``."""
         try:
             st = self._state(request)
-            return self._matched(st, num_computed), False
+            n = self._matched(st, num_computed)
+            if n and not seal_blocks(request, num_computed // self.block_size):
+                self._not_realized(st, str(st.chosen.record["decision_id"]) if st.chosen else "", _UNSEALED)
+                return 0, False
+            return n, False
         except Exception as e:  # noqa: BLE001 - any doubt: no reuse, the request runs cold
             get_logger().error("semgov vLLM connector: matching failed", error=describe_error(e))
             return 0, False
@@ -410,6 +416,30 @@ class SchedulerSide:
 
     def close(self) -> None:
         self.gov.close()
+
+
+_UNSEALED = "vLLM's request has no block hashes to seal: reused KV would enter its prefix cache"
+
+
+def seal_blocks(request: Any, first_block: int) -> bool:
+    """Keep a recipient's blocks from ``first_block`` on out of vLLM's prefix cache.
+
+    vLLM caches every full block of a request under a hash chained from its tokens, loaded ones
+    included: the donor-derived K/V a recipient receives would then serve any later request with
+    the same tokens in the same scope, as an exact hit, without a decision or a record. Replacing
+    the request's block hashes from ``first_block`` on (before vLLM allocates and caches them) by
+    fresh random ones, which later blocks chain from, makes those blocks unreachable by any other
+    request. Blocks before ``first_block`` (vLLM's own exact hit) stay shared.
+
+    NOTE: ``Request.block_hashes`` is vLLM's (0.32) own list, read by its cache manager; no public
+    hook marks blocks uncacheable. Without that list nothing is loaded (False).
+    """
+    hashes = getattr(request, "block_hashes", None)
+    if not isinstance(hashes, list) or first_block < 0:
+        return False
+    for i in range(first_block, len(hashes)):
+        hashes[i] = secrets.token_bytes(32)  # NOTE: vLLM's BlockHash is a NewType of bytes
+    return True
 
 
 def _trim(pieces: tuple[LoadPiece, ...], n: int) -> tuple[LoadPiece, ...]:

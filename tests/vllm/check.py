@@ -153,6 +153,48 @@ def report(out: Arms, pairs: int) -> None:
     print(" from its audit log)")
 
 
+def run_arm(
+    cfg: VllmServerConfig, arm: str, work: Path, py: Path, args: argparse.Namespace, out: Arms
+) -> None:
+    """One server: the cohorts, and for semgov's the audit's expectations and ``semgov audit verify``.
+
+    NOTE: both servers set ``VLLM_CPU_NUM_OF_RESERVED_CPU=1``: vLLM reserves one more CPU core when
+    a KV connector is configured (for NIXL), which on a small machine changes the worker's threads.
+    """
+    print(
+        f"[server_check] starting vLLM {arm} ({'with' if cfg.connector else 'no'} semgov connector)",
+        flush=True,
+    )
+    with launch_vllm(cfg, work, py) as srv:
+        print(f"[server_check] {arm}: up after {srv.started_s:.0f}s", flush=True)
+        warm = run_cohorts(srv, arm, args.pairs, args.e_len, out)
+        if cfg.connector:
+            judge(srv, warm, args.e_len, out)
+        bad = srv.fatal_lines()
+        if bad:
+            out.problems.append(f"{arm}: {len(bad)} error line(s) in the server log: {bad[0]}")
+    if cfg.connector:
+        why = verify_audit(srv.files)
+        if why is not None:
+            out.problems.append(f"semgov audit verify failed: {why}")
+        else:
+            print("[server_check] semgov: audit log verifies", flush=True)
+
+
+def save_results(dest: Path, work: Path, out: Arms) -> None:
+    """results.json, both servers' logs and commands, and the semgov server's audit log."""
+    dest.mkdir(parents=True, exist_ok=True)
+    rows = {f"{c}/{a}": v for (c, a), v in out.ttft.items()}
+    doc = {"ttft_ms": rows, "approved": out.approved, "realized": out.realized, "problems": out.problems}
+    (dest / "results.json").write_text(json.dumps(doc, indent=2))
+    for arm in ("stock", "semgov"):
+        for f in ("server.log", "command.txt"):
+            if (work / arm / f).exists():
+                shutil.copy(work / arm / f, dest / f"vllm-{arm}.{f}")
+    if (work / "semgov" / "hook" / "audit").exists():
+        shutil.copytree(work / "semgov" / "hook" / "audit", dest / "vllm-semgov.audit", dirs_exist_ok=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="server_check --engine vllm",
@@ -188,54 +230,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.monotonic()
     try:
         for arm, connector in (("stock", False), ("semgov", True)):
-            # NOTE: vLLM reserves one more CPU core when a KV connector is configured (for NIXL); on a
-            # small machine that changes the worker's thread count. Both servers reserve one.
             cfg = VllmServerConfig(
                 model=model, dummy_weights=dummy, connector=connector, kv_cache_gib="2",
                 hook_env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"},
             )  # fmt: skip
-            print(
-                f"[server_check] starting vLLM {arm} ({'with' if connector else 'no'} semgov connector)",
-                flush=True,
-            )
             try:
-                with launch_vllm(cfg, work / arm, py) as srv:
-                    print(f"[server_check] {arm}: up after {srv.started_s:.0f}s", flush=True)
-                    warm = run_cohorts(srv, arm, args.pairs, args.e_len, out)
-                    if connector:
-                        judge(srv, warm, args.e_len, out)
-                    bad = srv.fatal_lines()
-                    if bad:
-                        out.problems.append(f"{arm}: {len(bad)} error line(s) in the server log: {bad[0]}")
-                if connector:
-                    why = verify_audit(srv.files)
-                    if why is not None:
-                        out.problems.append(f"semgov audit verify failed: {why}")
-                    else:
-                        print("[server_check] semgov: audit log verifies", flush=True)
+                run_arm(cfg, arm, work / arm, py, args, out)
             except RigError as e:
                 print(f"[server_check] {arm}: could not run: {e}", flush=True)
                 print("invariant status: VIOLATED (a server did not start; see above)")
                 return EXIT_USAGE
         report(out, args.pairs)
         if args.out is not None:
-            args.out.mkdir(parents=True, exist_ok=True)
-            rows = {f"{c}/{a}": v for (c, a), v in out.ttft.items()}
-            doc = {
-                "ttft_ms": rows,
-                "approved": out.approved,
-                "realized": out.realized,
-                "problems": out.problems,
-            }
-            (args.out / "results.json").write_text(json.dumps(doc, indent=2))
-            for arm in ("stock", "semgov"):
-                for f in ("server.log", "command.txt"):
-                    if (work / arm / f).exists():
-                        shutil.copy(work / arm / f, args.out / f"vllm-{arm}.{f}")
-            if (work / "semgov" / "hook" / "audit").exists():
-                shutil.copytree(
-                    work / "semgov" / "hook" / "audit", args.out / "vllm-semgov.audit", dirs_exist_ok=True
-                )
+            save_results(args.out, work, out)
     finally:
         if args.keep:
             print(f"[server_check] scratch kept: {work}")

@@ -54,6 +54,19 @@ def test_allowed_reuse_loads_the_approved_shifted_evidence(server: VllmServer) -
     assert m["semgov:realized_tokens_total"] >= 1024 and "vllm:prefix_cache_hits_total" in m
 
 
+def test_reused_kv_never_becomes_an_exact_prefix_hit(server: VllmServer) -> None:
+    """The recipient's donor-derived blocks stay out of vLLM's prefix cache: the same prompt again in
+    the same scope hits only S (256 tokens, vLLM's own exact blocks), not the 1,280 tokens of full
+    blocks the recipient held, and gets E again through its own decision and realization."""
+    p = pair_prompts("sealed", e_len=1024)
+    _pair(server, "sealed")
+    h0 = server.metrics()["vllm:prefix_cache_hits_total"]
+    again = server.complete(p.recipient, "sealed-again", server.token("acme", "ns", p.recipient_segs))
+    assert again.status == 200
+    assert server.metrics()["vllm:prefix_cache_hits_total"] - h0 == 256
+    assert _realized(server, "sealed-again")[:2] == (1024, 1)
+
+
 @pytest.mark.parametrize(
     ("case", "kw", "decided"),
     [

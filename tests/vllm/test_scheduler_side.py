@@ -1,0 +1,252 @@
+"""The connector's scheduler side on its own paths (engine_hooks.vllm.scheduler_side), in semgov's
+environment: a real Governor (policy, provider, signing, audit log; decisions inline), vLLM's
+objects as plain namespaces with the attributes the side reads. The real-server tests
+(test_connector_server.py) drive the same side inside vLLM; these reach the paths that traffic
+rarely does: a load vLLM trims, a failed load, an aborted donor, hostile request fields.
+
+vLLM is not installed here: its two empty metadata base classes are provided as plain classes
+before the side is imported (nothing else of vLLM is used by it).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace as NS
+from typing import Any
+
+import pytest
+
+from tests.sglang_server.rig import CONTEXT_SECRET, Gateway, HookFiles, pair_prompts, read_audit, summarize
+
+
+def _vllm_bases() -> None:
+    if "vllm.distributed.kv_transfer.kv_connector.v1.base" in sys.modules:
+        return
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        mod = types.ModuleType("vllm.distributed.kv_transfer.kv_connector.v1.base")
+        mod.KVConnectorMetadata = type("KVConnectorMetadata", (), {})  # type: ignore[attr-defined]
+        mod.KVConnectorWorkerMetadata = type("KVConnectorWorkerMetadata", (), {})  # type: ignore[attr-defined]
+        sys.modules[mod.__name__] = mod
+
+
+_vllm_bases()
+
+from engine_hooks.vllm.meta import WorkerReport  # noqa: E402
+from engine_hooks.vllm.scheduler_side import SchedulerSide  # noqa: E402
+
+BS = 128
+
+
+def _config() -> Any:
+    import torch
+
+    mc = NS(
+        tokenizer=None,
+        dtype=torch.bfloat16,
+        get_num_layers=lambda pc: 2,
+        get_num_kv_heads=lambda pc: 2,
+        get_head_size=lambda: 64,
+    )
+    return NS(cache_config=NS(block_size=BS), model_config=mc, parallel_config=None)
+
+
+@pytest.fixture
+def side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SchedulerSide]:
+    files = HookFiles.make(tmp_path / "hook")
+    for k, v in {
+        **files.env(),
+        "SEMGOV_PROVIDER": "tests.sglang_server.cpu_plugin:permissive_minhash",
+        "SEMGOV_DETOKENIZER": "none",
+        "SEMGOV_ASYNC_DECISIONS": "0",
+        "SEMGOV_ASYNC_REGISTRATION": "0",
+        "SEMGOV_DECISION_PROCESS": "0",
+    }.items():
+        monkeypatch.setenv(k, v)
+    s = SchedulerSide(_config())
+    s.audit_dir = files.audit_dir  # type: ignore[attr-defined]
+    yield s
+    s.close()
+
+
+GW = Gateway(CONTEXT_SECRET)
+_serial = iter(range(1, 1_000_000))
+
+
+def _req(prompt: list[int], token: object, status: str = "FINISHED_STOPPED", salt: str | None = "s") -> Any:
+    params = {"semgov_context": token} if token is not None else None
+    hashes = [bytes([i % 256]) * 32 for i in range(len(prompt or ()) // BS)]
+    return NS(request_id=f"cmpl-{next(_serial)}-0-abcd1234", kv_transfer_params=params, lora_request=None,
+              cache_salt=salt, prompt_token_ids=prompt, status=NS(name=status),
+              block_hashes=hashes)  # fmt: skip
+
+
+def _blocks(n_tokens: int, first: int = 1000) -> list[int]:
+    return list(range(first, first + -(-n_tokens // BS)))
+
+
+def _step(side: SchedulerSide, req: Any, computed: int, n: int, blocks: list[int]) -> Any:
+    """One scheduler step of ``req`` alone (first schedule when ``computed`` is 0)."""
+    rid = req.request_id
+    new = [NS(req_id=rid, num_computed_tokens=computed)] if computed == 0 else []
+    cached = NS(req_ids=[rid] if computed else [], num_computed_tokens=[computed] if computed else [])
+    out = NS(scheduled_new_reqs=new, scheduled_cached_reqs=cached, num_scheduled_tokens={rid: n},
+             kv_connector_block_state=NS(get_block_ids=lambda r: (blocks,)))  # fmt: skip
+    return side.build(out)
+
+
+def _ask(side: SchedulerSide, req: Any, m: int) -> int:
+    """``get_num_new_matched_tokens`` as vLLM's scheduler asks it: again each step while None."""
+    import time
+
+    for _ in range(500):
+        n, is_async = side.matched(req, m)
+        assert is_async is False
+        if n is not None:
+            return n
+        time.sleep(0.01)
+    raise AssertionError("never answered")
+
+
+def _donor(side: SchedulerSide, p: Any, ns: str = "ns", status: str = "FINISHED_STOPPED") -> Any:
+    d = _req(p.donor, GW.token("acme", ns, p.donor_segs), status)
+    assert side.matched(d, 0) == (0, False)  # no donors of its scope yet
+    plan = _step(side, d, 0, len(p.donor), _blocks(len(p.donor)))
+    side.finished(d)
+    side.gov.wait_registrations()
+    return plan
+
+
+def _allowed(side: SchedulerSide, tag: str) -> tuple[Any, Any]:
+    """A donor, then its recipient asked until answered: the 512 tokens of E after S's 256."""
+    p = pair_prompts(tag, e_len=512)
+    _donor(side, p)
+    r = _req(p.recipient, GW.token("acme", "ns", p.recipient_segs))
+    assert _ask(side, r, 256) == 512
+    return p, r
+
+
+def test_a_finished_context_request_is_saved_whole_and_becomes_a_donor(side: SchedulerSide) -> None:
+    """Its first step saves every prompt position; finishing normally registers it (one donor)."""
+    p = pair_prompts("unit-donor", e_len=512)
+    plan = _donor(side, p)
+    assert [(s.start, s.end, s.total) for s in plan.saves] == [(0, len(p.donor), len(p.donor))]
+    side.gov.drain_donors()
+    assert side.gov.donor_count() == 1 and side.stats["donors"] == 1
+
+
+def test_an_aborted_donor_is_dropped_not_registered(side: SchedulerSide) -> None:
+    """An aborted request's store entry is dropped at the next step; no donor is registered."""
+    _donor(side, pair_prompts("unit-abort", e_len=512), status="FINISHED_ABORTED")
+    side.gov.drain_donors()
+    assert side.gov.donor_count() == 0
+    idle = NS(scheduled_new_reqs=[], scheduled_cached_reqs=NS(req_ids=[], num_computed_tokens=[]),
+              num_scheduled_tokens={}, kv_connector_block_state=None)  # fmt: skip
+    assert len(side.build(idle).drops) == 1
+
+
+def test_an_allowed_recipient_loads_whole_blocks_and_is_audited(side: SchedulerSide) -> None:
+    """After vLLM's own hit on S (256), the allowed run is E (512, shifted by -64): whole blocks;
+    the load goes out with the recipient's blocks, and the worker's report becomes a realization."""
+    p, r = _allowed(side, "unit-allow")
+    blocks = _blocks(len(p.recipient), 2000)
+    side.after_alloc(r, NS(get_block_ids=lambda: (blocks,)), 512)
+    plan = _step(side, r, 0, len(p.recipient) - 768, blocks)
+    assert [(x.recipient_start, x.donor_start, x.length) for x in plan.loads[0].pieces] == [(256, 320, 512)]
+    assert plan.saves == []  # a recipient never becomes a donor
+    side.output(NS(kv_connector_worker_meta=WorkerReport(loaded={r.request_id: 512})))
+    side.gov.wait_idle()
+    audit = summarize(read_audit(side.audit_dir))  # type: ignore[attr-defined]
+    assert list(audit.realized.values()) == [512]
+
+
+def test_an_allowed_recipients_blocks_are_sealed_out_of_vllms_prefix_cache(side: SchedulerSide) -> None:
+    """Answering a load replaces the recipient's block hashes from the load on (vLLM's own hit on S
+    keeps its hashes), so the donor-derived K/V never serve another request as an exact hit; a
+    request without block hashes gets nothing loaded, audited as a failed realization."""
+    p = pair_prompts("unit-seal", e_len=512)
+    _donor(side, p)
+    r = _req(p.recipient, GW.token("acme", "ns", p.recipient_segs))
+    before = list(r.block_hashes)
+    assert _ask(side, r, 256) == 512  # NOTE: not _allowed(): the hashes before the answer are kept
+    assert r.block_hashes[:2] == before[:2]
+    assert all(a != b for a, b in zip(r.block_hashes[2:], before[2:], strict=True)) and len(before) > 2
+    bare = _req(p.recipient, GW.token("acme", "ns", p.recipient_segs))
+    del bare.block_hashes
+    assert _ask(side, bare, 256) == 0
+    side.gov.wait_idle()
+    audit = summarize(read_audit(side.audit_dir))  # type: ignore[attr-defined]
+    assert any("block hashes" in str(f["detail"]) for f in audit.failed)
+
+
+def test_a_load_vllm_trims_goes_out_trimmed_and_an_unplanned_one_fails_its_blocks(
+    side: SchedulerSide,
+) -> None:
+    """vLLM taking fewer tokens than planned gets exactly those; tokens semgov never planned become
+    a load with no pieces (the worker fails those blocks, vLLM recomputes them)."""
+    p, r = _allowed(side, "unit-trim")
+    blocks = _blocks(len(p.recipient), 3000)
+    side.after_alloc(r, NS(get_block_ids=lambda: (blocks,)), 384)
+    assert [x.length for x in side._loads[-1].pieces] == [384]
+    other = _req(p.recipient, GW.token("acme", "elsewhere", p.recipient_segs))
+    assert side.matched(other, 0)[0] == 0  # no donor of its scope: nothing planned
+    side.after_alloc(other, NS(get_block_ids=lambda: (blocks,)), 256)
+    op = side._loads[-1]
+    assert (op.req_id, op.key, op.pieces, op.block_ids) == (other.request_id, "", (), tuple(blocks[:2]))
+
+
+def test_a_failed_load_is_audited_as_a_failed_realization(side: SchedulerSide) -> None:
+    """The worker's failure report: ``realization_failed`` in the audit log, counted, nothing realized."""
+    p, r = _allowed(side, "unit-fail")
+    side.after_alloc(r, NS(get_block_ids=lambda: (_blocks(len(p.recipient)),)), 512)
+    side.output(NS(kv_connector_worker_meta=WorkerReport(failed={r.request_id: "RuntimeError: gone"})))
+    side.gov.wait_idle()
+    audit = summarize(read_audit(side.audit_dir))  # type: ignore[attr-defined]
+    assert side.stats["failed_loads"] == 1 and audit.realized == {}
+    assert [f["detail"] for f in audit.failed] == ["RuntimeError: gone"]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [12345, "semgov1.x", ["a"], {"semgov_context": 7}, {"semgov_context": "semgov1." + "A" * 100_000}, {}],
+)
+def test_hostile_request_fields_answer_zero_and_never_raise(side: SchedulerSide, params: object) -> None:
+    """Whatever ``kv_transfer_params`` holds, and a missing prompt or odd salt: (0, False), no decision."""
+    p = pair_prompts("unit-hostile", e_len=512)
+    _donor(side, p)
+    for prompt, salt in ((p.recipient, "s"), (None, object())):
+        r = _req(p.recipient, None, salt=salt)  # type: ignore[arg-type]
+        r.kv_transfer_params, r.prompt_token_ids = params, prompt
+        assert side.matched(r, 0) == (0, False)
+    assert side.stats["decided"] == 0
+
+
+def test_a_store_of_zero_megabytes_saves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SEMGOV_VLLM_STORE_MB=0: no request is saved, none becomes a donor."""
+    monkeypatch.setenv("SEMGOV_VLLM_STORE_MB", "0")
+    files = HookFiles.make(tmp_path / "hook")
+    for k, v in {**files.env(), "SEMGOV_PROVIDER": "minhash", "SEMGOV_DETOKENIZER": "none",
+                 "SEMGOV_DECISION_PROCESS": "0", "SEMGOV_ASYNC_DECISIONS": "0"}.items():  # fmt: skip
+        monkeypatch.setenv(k, v)
+    s = SchedulerSide(_config())
+    try:
+        p = pair_prompts("unit-zero", e_len=512)
+        plan = _donor(s, p)
+        assert plan.saves == [] and s.gov.donor_count() == 0
+    finally:
+        s.close()
+
+
+def test_a_bad_store_size_stops_the_server_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SEMGOV_VLLM_STORE_MB that is not a whole number of MiB: HookConfigError naming it."""
+    from engine_hooks.sglang.settings import HookConfigError
+    from engine_hooks.vllm.scheduler_side import _store_mb
+
+    with pytest.raises(HookConfigError, match="SEMGOV_VLLM_STORE_MB"):
+        _store_mb({"SEMGOV_VLLM_STORE_MB": "lots"})
+    with pytest.raises(HookConfigError, match="SEMGOV_VLLM_STORE_MB"):
+        _store_mb({"SEMGOV_VLLM_STORE_MB": "-1"})
