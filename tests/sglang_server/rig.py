@@ -63,6 +63,29 @@ FATAL_LOG = re.compile(
 )
 
 
+def stop_group(proc: subprocess.Popen[bytes] | None, term_wait_s: float = 30.0) -> int | None:
+    """Stop a server started in a process group of its own: TERM the group, wait up to
+    ``term_wait_s``, then KILL whatever is left (schedulers, workers); the leader's exit status."""
+    if proc is None:
+        return None
+    pgid = proc.pid
+    if proc.poll() is None:
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=term_wait_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(pgid, signal.SIGKILL)  # whatever is left: scheduler, detokenizer, workers
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+    return proc.returncode
+
+
 class RigError(RuntimeError):
     """The rig could not start, drive or read the server (the message says what and where)."""
 
@@ -334,24 +357,7 @@ class Server:
 
     def stop(self) -> int | None:
         """Stop the whole process group (TERM, then KILL); returns the launcher's exit status."""
-        if self.proc is None:
-            return None
-        pgid = self.proc.pid
-        if self.proc.poll() is None:
-            try:
-                os.killpg(pgid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(pgid, signal.SIGKILL)  # whatever is left: scheduler, detokenizer
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=30)
-        return self.proc.returncode
+        return stop_group(self.proc)
 
     def tail(self, n: int = 60) -> str:
         try:

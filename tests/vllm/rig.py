@@ -32,6 +32,7 @@ from tests.sglang_server.rig import (
     RigError,
     free_port,
     read_audit,
+    stop_group,
     summarize,
 )
 
@@ -177,20 +178,8 @@ class VllmServer:
         self.started_s = time.monotonic() - t0
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        import signal
-
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(60)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(30)
+        """Stop the API server, engine core and workers (their process group)."""
+        stop_group(self.proc, term_wait_s=60.0)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

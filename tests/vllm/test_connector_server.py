@@ -67,6 +67,21 @@ def test_reused_kv_never_becomes_an_exact_prefix_hit(server: VllmServer) -> None
     assert _realized(server, "sealed-again")[:2] == (1024, 1)
 
 
+def test_client_chosen_request_ids_key_nothing(server: VllmServer) -> None:
+    """Donor, recipient and a stranger all send the same X-Request-Id: the connector keys its state
+    by vLLM's internal id (the client's plus a random suffix), so the donor still registers, the
+    recipient is decided and realized once, and nothing is mixed up."""
+    p = pair_prompts("dup", e_len=1024)
+    assert server.complete(p.donor, "dup-id", server.token("acme", "dup", p.donor_segs)).status == 200
+    assert server.complete(p.recipient, "dup-id", None).status == 200  # anonymous, same id
+    assert server.complete(p.recipient, "dup-id", server.token("acme", "dup", p.recipient_segs)).status == 200
+    audit = server.audit()
+    mine = {lab: n for lab, n in audit.realized.items() if "-dup-id-" in f"{lab}-"}
+    assert list(mine.values()) == [1024]
+    decided = [lab for lab in audit.decisions if "-dup-id-" in f"{lab}-"]
+    assert decided == list(mine) and audit.allowed(decided[0]) == 1
+
+
 @pytest.mark.parametrize(
     ("case", "kw", "decided"),
     [

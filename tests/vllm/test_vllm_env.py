@@ -16,7 +16,6 @@ from tests.vllm.rig import require_vllm_python
 
 ROOT = Path(__file__).resolve().parents[2]
 BS, KVH, HD = 32, 2, 16
-T = torch.Tensor
 
 
 def _transposed_k(
