@@ -48,6 +48,7 @@ from engine_hooks.reference.bench_workload import (
     BenchKeys,
     Pair,
     PrefixCase,
+    TextTokenizer,
     WorkloadBuilder,
     evidence_budget,
     prefix_case,
@@ -77,7 +78,8 @@ class BenchConfig:
 
     out: Path
     quick: bool = False
-    model: str = "smollm2"
+    model: str = "smollm2-135m"
+    dtype: str | None = None  # compute dtype name; None: the model's own
     tokens: int | None = None  # recipient prompt length of the pairs
     pairs_per_cohort: int | None = None
     threads: int | None = None
@@ -97,6 +99,7 @@ class BenchConfig:
             out=self.out,
             quick=q,
             model=self.model,
+            dtype=self.dtype,
             tokens=self.tokens or (450 if q else 1500),
             pairs_per_cohort=self.pairs_per_cohort or (1 if q else 3),
             threads=self.threads or len(os.sched_getaffinity(0)),
@@ -213,9 +216,7 @@ class Bench:
         self.cfg = cfg
         self.lm = lm
         tok = lm.tokenizer
-        self.tokenize: Callable[[str], list[int]] = lambda s: list(
-            tok(s, add_special_tokens=False)["input_ids"]
-        )
+        self.tokenize = TextTokenizer(tok)
         stops = {tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")}
         self.stop: set[int] = {int(i) for i in stops if isinstance(i, int) and i >= 0}
         self.keys = BenchKeys.generate()
@@ -531,6 +532,9 @@ def noise_floor(samples: Sequence[Json]) -> Json:
     divs = [s["first_divergence"] for s in samples if s["first_divergence"] is not None]
     return {
         "n": len(samples),
+        # NOTE: two cold prefills of one prompt, bit for bit (logits and answer); when not, a warm answer
+        # only counts as a regression where it diverges earlier than any cold/cold rerun did.
+        "bit_identical": all(s["greedy_agree"] and s["logits_max_abs_diff"] == 0.0 for s in samples),
         "greedy_agree": sum(1 for s in samples if s["greedy_agree"]),
         "min_first_divergence": min(divs) if divs else None,
         "max_kl": max((s["kl"] for s in samples), default=None),
@@ -576,7 +580,10 @@ def _cohort_stats(rows: list[Json], arm: str) -> Json:
         "unsafe_materializations": sum(1 for a in arms if a["unsafe_materialization"]),
         "quality_regressions": (bad := sum(1 for a in arms if a["quality_regression"])),
         "quality_regression_ci95": wilson(bad, len(rows)),
-        "values_lost": sum(1 for a in arms if a["values_lost"]),
+        "values_lost": (lost := sum(1 for a in arms if a["values_lost"])),
+        "values_lost_ci95": wilson(lost, len(rows)),
+        "wording_only": sum(1 for a in arms if not a["greedy_agree"] and not a["values_lost"]),
+        "approved_tokens": sum(a["span_tokens"] for a in arms),
         "greedy_agree": sum(1 for a in arms if a["greedy_agree"]),
         "top1_agree": sum(1 for a in arms if a["top1_agree"]),
         "median_kl": statistics.median(a["kl"] for a in arms),
@@ -599,7 +606,13 @@ def summarize(rows: list[Json], cohorts: Sequence[str]) -> Json:
             "unsafe_materializations": sum(1 for a in arms if a["unsafe_materialization"]),
             "quality_regressions": (bad := sum(1 for a in arms if a["quality_regression"])),
             "quality_regression_ci95": wilson(bad, len(rows)),
-            "values_lost": sum(1 for a in arms if a["values_lost"]),
+            "values_lost": (lost := sum(1 for a in arms if a["values_lost"])),
+            "values_lost_ci95": wilson(lost, len(rows)),
+            "wording_only": sum(1 for a in arms if not a["greedy_agree"] and not a["values_lost"]),
+            "correct_answers": (ok := sum(1 for a in arms if all(a["values_present"].values()))),
+            "prefill_tokens_avoided_per_correct": (
+                sum(a["prefill_tokens_avoided"] for a in arms) / ok if ok else None
+            ),
             "greedy_agree": sum(1 for a in arms if a["greedy_agree"]),
             "materialized_tokens": sum(a["materialized_tokens"] for a in arms),
             "materialized_pairs": sum(1 for a in arms if a["materialized_tokens"] > 0),
@@ -635,13 +648,11 @@ def _environment(lm: mdl.LoadedModel, load_s: float) -> Json:
     }
 
 
-def load_model(name: str, *, seed: int = 0, cache_dir: Path | None = None) -> mdl.LoadedModel:
-    """``smollm2`` (the real model) or ``tiny`` (a random two-layer Llama, for tests)."""
-    if name == "tiny":
-        return mdl.tiny_llama(seed=seed)
-    if name == "smollm2":
-        return mdl.load_smollm2(cache_dir=cache_dir)
-    raise ValueError(f"unknown model {name!r}: smollm2 or tiny")
+def load_model(
+    name: str, *, seed: int = 0, cache_dir: Path | None = None, dtype: torch.dtype | None = None
+) -> mdl.LoadedModel:
+    """The model called ``name`` (:data:`~engine_hooks.reference.model.MODEL_CHOICES`)."""
+    return mdl.load_model(name, seed=seed, cache_dir=cache_dir, dtype=dtype)
 
 
 @dataclass
@@ -751,7 +762,8 @@ def run_bench(
     t0 = time.perf_counter()
     if lm is None:
         log(f"loading model {cfg.model} ...")
-        lm = load_model(cfg.model, seed=cfg.seed, cache_dir=cfg.cache_dir)
+        dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
+        lm = load_model(cfg.model, seed=cfg.seed, cache_dir=cfg.cache_dir, dtype=dtype)
     load_s = time.perf_counter() - t0
     bench = Bench(cfg, lm)
     try:
@@ -768,9 +780,9 @@ def run_bench(
     return results
 
 
-def _rate(c: Json) -> str:
-    lo, hi = c["quality_regression_ci95"]
-    return f"{c['quality_regressions']}/{c['n']} [{100 * lo:.0f}-{100 * hi:.0f}%]"
+def _lost(c: Json) -> str:
+    lo, hi = c["values_lost_ci95"]
+    return f"{c['values_lost']}/{c['n']} [{100 * lo:.0f}-{100 * hi:.0f}%]"
 
 
 def summary(results: Json) -> str:
@@ -792,10 +804,32 @@ def summary(results: Json) -> str:
         )
         lines.append(f"{c:<14}{g['expect']:>7}{g['n']:>4}  {cells}")
     lines.append("")
-    lines.append(f"{'cohort':<14}{'n':>4}  quality regressions, 95% interval: similarity / governed")
+    lines.append(
+        f"{'arm':<16}{'changed required values [95%]':>31}{'wording only':>14}{'avoided/correct':>17}"
+    )
+    for a in ARMS:
+        s = arms[a]
+        lo, hi = s["values_lost_ci95"]
+        apc = s["prefill_tokens_avoided_per_correct"]
+        cell = f"{s['values_lost']}/{s['pairs']} [{100 * lo:.0f}-{100 * hi:.0f}%]"
+        per = "-" if apc is None else f"{apc:.0f}"
+        lines.append(f"{a:<16}{cell:>31}{s['wording_only']:>14}{per:>17}")
+    lines.append("")
+    lines.append(
+        f"{'cohort':<16}{'n':>4}  changed required values, 95% interval: similarity / governed "
+        "(wording only: similarity / governed)"
+    )
     for c, g in arms["governed"]["cohorts"].items():
-        cells = " / ".join(_rate(arms[a]["cohorts"][c]) for a in ("similarity_only", "governed"))
-        lines.append(f"{c:<14}{g['n']:>4}  {cells}")
+        sim = arms["similarity_only"]["cohorts"][c]
+        cells = " / ".join(_lost(arms[a]["cohorts"][c]) for a in ("similarity_only", "governed"))
+        lines.append(f"{c:<16}{g['n']:>4}  {cells}  ({sim['wording_only']} / {g['wording_only']})")
+    nf = results["noise_floor"]
+    same = (
+        "bit-identical"
+        if nf.get("bit_identical")
+        else "NOT bit-identical (changes within it are not counted)"
+    )
+    lines.append(f"cold/cold floor: {nf['greedy_agree']} of {nf['n']} reruns gave the same answer, {same}")
     cold_ok = sum(g["values_present_cold"] for g in arms["governed"]["cohorts"].values())
     lines.append(
         f"model limit: {cold_ok} of {arms['governed']['pairs']} cold answers state every required value "

@@ -293,9 +293,48 @@ def chat_parts(system: str, instruction: str, evidence: str, question: str) -> l
     ]
 
 
+class TextTokenizer:
+    """A Hugging Face tokenizer as the workload uses it: ``tok(text)`` gives the token ids of
+    ``text`` (no special tokens added; ``<|im_start|>`` in the text is one token), and
+    :meth:`with_offsets` also gives where each token starts in ``text``."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def with_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(enc["input_ids"]), [int(a) for a, _ in enc["offset_mapping"]]
+
+
 def build_prompt(parts: Sequence[tuple[str, str]], tokenize: Tokenize) -> PromptSpec:
-    ids, segments = segment_tokens((role, tokenize(text)) for role, text in parts)
+    """The prompt of ``(role, text)`` parts: its token ids are the tokenization of the whole text.
+
+    With a :class:`TextTokenizer`, the whole text is tokenized once and each token belongs to the
+    segment its first character is in (a BPE token may span a boundary, e.g. Qwen's ``".\\n\\n"``
+    joins an instruction's last period to the separator of the next segment; a segment left with
+    no token is dropped). Otherwise each part is tokenized on its own, and
+    :attr:`PromptSpec.consistent` says whether that equals the whole text's tokenization.
+    """
     text = "".join(t for _, t in parts)
+    if isinstance(tokenize, TextTokenizer):
+        ids, starts = tokenize.with_offsets(text)
+        ends, pos = [], 0
+        for _, t in parts:
+            pos += len(t)
+            ends.append(pos)
+        roles: list[tuple[str, list[int]]] = [(role, []) for role, _ in parts]
+        seg = 0
+        for tid, start in zip(ids, starts, strict=True):
+            while seg < len(ends) - 1 and start >= ends[seg]:
+                seg += 1
+            roles[seg][1].append(tid)
+        got, segments = segment_tokens((r, t) for r, t in roles if t)
+        assert got == ids  # NOTE: segments tile the whole text's tokens, in order
+        return PromptSpec(ids, text, segments, consistent=True)
+    ids, segments = segment_tokens((role, tokenize(text)) for role, text in parts)
     return PromptSpec(ids, text, segments, consistent=tokenize(text) == ids)
 
 
@@ -327,7 +366,7 @@ class Call:
         return build_prompt(
             chat_parts(
                 SYSTEM[e.tenant],
-                self.task.templates[self.template],
+                self.task.templates[self.template] if self.template >= 0 else "",
                 e.evidence + self.evidence_extra,
                 self.question_text,
             ),
@@ -340,7 +379,16 @@ class Call:
 # cohort: (expected decision, similarity range), in the order the bench runs and reports them
 REALISTIC = {
     c: REALISTIC_DESIGN[c]
-    for c in ("exact", "shifted", "question", "instruction", "task", "entity_swap", "unrelated")
+    for c in (
+        "exact",
+        "shifted",
+        "removed_wrapper",
+        "question",
+        "instruction",
+        "task",
+        "entity_swap",
+        "unrelated",
+    )
 }
 MUTATIONS = ("other_tenant", "expired", "stale_policy", "tampered", "unknown_key", "pii_text")
 COHORTS = (*REALISTIC, *MUTATIONS)
@@ -469,6 +517,8 @@ class WorkloadBuilder:
             return rec, Call(e, task, tpl, q, donor_at)
         if cohort == "shifted":  # the other template of the same contract before the same evidence
             return rec, Call(e, task, 1 - tpl, q, donor_at)
+        if cohort == "removed_wrapper":  # no instruction at all before the donor's evidence
+            return Call(e, task, -1, q, at), Call(e, task, tpl, q, donor_at)
         if cohort == "question":
             return rec, Call(e, task, tpl, (q + 1 + rng.randrange(len(task.questions) - 1)) % 6, donor_at)
         if cohort == "instruction":  # the template that asks for the contract's next revision

@@ -126,9 +126,9 @@ class _Copy:
     rotate: bool
 
 
-def _grid(start: int, end: int) -> Iterator[tuple[int, int]]:
-    """``[start, end)`` cut at every multiple of :data:`PREFILL_CHUNK_TOKENS`."""
-    c = PREFILL_CHUNK_TOKENS
+def _grid(start: int, end: int, chunk: int = PREFILL_CHUNK_TOKENS) -> Iterator[tuple[int, int]]:
+    """``[start, end)`` cut at every multiple of ``chunk`` (:data:`PREFILL_CHUNK_TOKENS`)."""
+    c = chunk
     while start < end:
         stop = min(end, (start // c + 1) * c)
         yield start, stop
@@ -136,14 +136,19 @@ def _grid(start: int, end: int) -> Iterator[tuple[int, int]]:
 
 
 def _run(
-    lm: LoadedModel, cache: DynamicCache, token_ids: Sequence[int], start: int, end: int
+    lm: LoadedModel,
+    cache: DynamicCache,
+    token_ids: Sequence[int],
+    start: int,
+    end: int,
+    chunk: int = PREFILL_CHUNK_TOKENS,
 ) -> torch.Tensor:
     """Run positions ``[start, end)`` through the model on the grid, appending to ``cache``;
     the logits of position ``end - 1``."""
     if cache.get_seq_length() != start:  # NOTE: positions are appended strictly in order
         raise RuntimeError(f"cache holds {cache.get_seq_length()} positions, next run starts at {start}")
     logits: torch.Tensor | None = None
-    for a, b in _grid(start, end):
+    for a, b in _grid(start, end, chunk):
         ids = torch.tensor([list(token_ids[a:b])], dtype=torch.long)
         # position_ids default to arange(a, b): the cache holds exactly a positions.
         out = lm.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -157,14 +162,21 @@ def _new_cache(lm: LoadedModel) -> DynamicCache:
     return DynamicCache(config=lm.model.config)
 
 
-def cold_prefill(lm: LoadedModel, token_ids: list[int]) -> Prefill:
-    """Prefill every position through the model (the reference a warm prefill is held to)."""
+def cold_prefill(lm: LoadedModel, token_ids: list[int], *, chunk: int = PREFILL_CHUNK_TOKENS) -> Prefill:
+    """Prefill every position through the model (the reference a warm prefill is held to).
+
+    ``chunk``: the grid the model runs on (see the module NOTE). Only the default is comparable
+    bit for bit with a warm prefill; another grid is the same computation in other kernel shapes,
+    which is how a benchmark measures the answers' sensitivity to benign rounding (what a serving
+    engine's batching changes from one run to the next)."""
     if not token_ids:
         raise ValueError("empty prompt")
+    if chunk < 1:
+        raise ValueError(f"chunk {chunk} < 1")
     t0 = time.perf_counter()
     with torch.no_grad():
         cache = _new_cache(lm)
-        logits = _run(lm, cache, token_ids, 0, len(token_ids))
+        logits = _run(lm, cache, token_ids, 0, len(token_ids), chunk)
     return Prefill(cache, logits, time.perf_counter() - t0, len(token_ids))
 
 
@@ -198,10 +210,13 @@ def rerotate_keys(keys: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> tor
         return keys
     angle = float(delta) * inv_freq.to(torch.float64)
     emb = torch.cat((angle, angle))
-    cos, sin = emb.cos().to(keys.dtype), emb.sin().to(keys.dtype)
-    half = keys.shape[-1] // 2
-    rotated_half = torch.cat((-keys[..., half:], keys[..., :half]), dim=-1)
-    return keys * cos + rotated_half * sin
+    # NOTE: rotated in float32 (angles in float64) and cast back once: in bfloat16 the products
+    # would round twice, off by up to 0.5 for Qwen2's large keys.
+    cos, sin = emb.cos().to(torch.float32), emb.sin().to(torch.float32)
+    x = keys.to(torch.float32)
+    half = x.shape[-1] // 2
+    rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos + rotated_half * sin).to(keys.dtype)
 
 
 def _validate(lm: LoadedModel, token_ids: Sequence[int], donor: DonorKV, spans: Sequence[Any]) -> list[_Span]:

@@ -38,6 +38,7 @@ REALISTIC_DESIGN: dict[str, tuple[str, tuple[float, float]]] = {
     "exact": ("allow", (0.97, 1.0)),
     "question": ("allow", (0.75, 0.9)),
     "shifted": ("allow", (0.85, 0.95)),
+    "removed_wrapper": ("allow", (0.85, 0.95)),
     "instruction": ("deny", (0.8, 0.92)),
     "task": ("deny", (0.65, 0.82)),
     "entity_swap": ("deny", (0.7, 0.85)),

