@@ -2,7 +2,7 @@
 
 A shifted span's KV was computed behind another prefix; re-rotated and partly recomputed it is
 close to a cold prefill, not equal, and on some models and tasks that changes answers (issue 14;
-``benchmarks/recompute_quality.py``). Calibration (``semgov calibrate``) measures that before
+``benchmarks/realization_quality.py``). Calibration (``semgov calibrate``) measures that before
 deployment; canaries keep measuring it in production:
 
 1. When a request that received shifted KV finishes normally and was decoded plainly greedily

@@ -65,14 +65,19 @@ reusable_roles := {"system", "evidence"}
 
 # quality: a shifted span's leading min(length, max(min_recompute_tokens,
 # ceil(percent * length / 100))) tokens are computed by the engine, not copied
-# (the record states the count per span). The first rule whose task id and
+# (the record states the count per span), and so are its last
+# shifted_recompute_tail_tokens (the approved span ends that many tokens early; a
+# span left with nothing to copy is not approved). The first rule whose task id and
 # response contract id match the request (a key left out matches any) replaces
 # these defaults; its allow_shifted false forbids shifted spans in its scope.
 # A rule looks like {"task": "extract_financials", "response_contract": "financials",
-# "allow_shifted": false, "shifted_recompute_percent": 20, "min_recompute_tokens": 32}.
+# "allow_shifted": false, "shifted_recompute_percent": 20, "min_recompute_tokens": 32,
+# "shifted_recompute_tail_tokens": 256}.
 shifted_recompute_percent := 20
 
 min_recompute_tokens := 16
+
+shifted_recompute_tail_tokens := 0
 
 quality_rules := []
 
@@ -418,10 +423,24 @@ recompute_percent := object.get(quality_rule, "shifted_recompute_percent", shift
 
 recompute_min := object.get(quality_rule, "min_recompute_tokens", min_recompute_tokens)
 
+recompute_tail := object.get(quality_rule, "shifted_recompute_tail_tokens", shifted_recompute_tail_tokens)
+
 recompute(s) := 0 if s.kind == "prefix"
 
 recompute(s) := min([s.length, max([recompute_min, ceil((recompute_percent * s.length) / 100)])]) if {
 	s.kind == "shifted"
+}
+
+tail(s) := 0 if s.kind == "prefix"
+
+tail(s) := min([s.length, recompute_tail]) if s.kind == "shifted"
+
+# A tail that leaves nothing to copy: the span is not approved.
+copied(s) if tail(s) == 0
+
+copied(s) if {
+	tail(s) > 0
+	recompute(s) + tail(s) < s.length
 }
 
 # Prefix spans always; shifted ones when allowed (for this request's task and
@@ -438,16 +457,19 @@ span_approved(s) if {
 approved_spans := [out |
 	some s in tokens.spans
 	span_approved(s)
+	copied(s)
 	out := {
 		"recipient_start": s.recipient_start,
 		"donor_start": s.donor_start,
-		"length": s.length,
+		"length": s.length - tail(s),
 		"kind": s.kind,
 		"recompute": recompute(s),
 	}
 ]
 
-approved_tokens := sum([s.length | some s in approved_spans])
+# The gate counts every approved, verified token (a planned head or tail included), as the
+# YAML engine does.
+approved_tokens := sum([s.length | some s in tokens.spans; span_approved(s)])
 
 approved_fraction := approved_tokens / tokens.recipient_length if {
 	tokens.recipient_length != 0

@@ -382,7 +382,7 @@ SETTING_TYPES: dict[str, str] = {
     **dict.fromkeys(("similarity_min", "min_approved_fraction", "pii_min_score"), "number"),
     **dict.fromkeys(
         ("max_age_seconds", "min_span_tokens", "min_approved_tokens", "shifted_recompute_percent",
-         "min_recompute_tokens"),
+         "min_recompute_tokens", "shifted_recompute_tail_tokens"),
         "integer",
     ),
     **dict.fromkeys(

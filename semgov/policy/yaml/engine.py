@@ -251,14 +251,17 @@ class YamlEngine:
         spans: list[ApprovedSpan] = []
         if all(r.result == "pass" for r in results):
             plan = _plan(self.policy, doc)
-            spans = [
-                ApprovedSpan(
-                    recipient_start=s.recipient_start,
-                    donor_start=s.donor_start,
-                    length=s.length,
-                    kind=s.kind,
-                    recompute=plan.recompute(s.kind, s.length),
+            for s in approved_spans(self.policy, doc):
+                head, tail = plan.recompute(s.kind, s.length), plan.tail(s.kind, s.length)
+                if tail and head + tail >= s.length:
+                    continue  # NOTE: a tail that leaves nothing to copy: the span is not approved
+                spans.append(
+                    ApprovedSpan(
+                        recipient_start=s.recipient_start,
+                        donor_start=s.donor_start,
+                        length=s.length - tail,
+                        kind=s.kind,
+                        recompute=head,
+                    )
                 )
-                for s in approved_spans(self.policy, doc)
-            ]
         return EngineResult(results, spans)

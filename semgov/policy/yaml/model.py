@@ -120,16 +120,21 @@ class QualityRule(_Section):
     allow_shifted: bool | None = None
     shifted_recompute_percent: int | None = Field(default=None, ge=0, le=100)
     min_recompute_tokens: int | None = Field(default=None, ge=0)
+    shifted_recompute_tail_tokens: int | None = Field(default=None, ge=0)
 
 
 class QualitySection(_Section):
     """How approved shifted spans are realized: a shifted span's K/V was computed behind other
-    tokens, so its leading ``min(length, max(min_recompute_tokens, ceil(percent * length / 100)))``
-    tokens are computed by the engine and only the rest is copied. The decision record states the
-    count per span, signed. The first rule matching the request applies instead of the defaults."""
+    tokens, so the engine computes some of its tokens instead of copying them: its leading
+    ``min(length, max(min_recompute_tokens, ceil(percent * length / 100)))`` (the record states
+    the count per span as ``recompute``, signed) and its last ``shifted_recompute_tail_tokens``
+    (the approved span ends that many tokens early: the positions right before what follows it,
+    usually the question). A span left with nothing to copy is not approved. The first rule
+    matching the request applies instead of the defaults."""
 
     shifted_recompute_percent: int = Field(default=20, ge=0, le=100)
     min_recompute_tokens: int = Field(default=16, ge=0)
+    shifted_recompute_tail_tokens: int = Field(default=0, ge=0)
     rules: list[QualityRule] = Field(default_factory=list)
 
 
@@ -141,12 +146,17 @@ class QualityPlan:
     percent: int
     min_tokens: int
     rule: int | None  # index into ``quality.rules``; None: the defaults
+    tail_tokens: int = 0
 
     def recompute(self, kind: str, length: int) -> int:
         """Leading tokens of an approved span the engine must compute (0 for prefix spans)."""
         if kind != "shifted":
             return 0
         return min(length, max(self.min_tokens, -(-self.percent * length // 100)))
+
+    def tail(self, kind: str, length: int) -> int:
+        """Trailing tokens of an approved span the engine must compute (0 for prefix spans)."""
+        return min(length, self.tail_tokens) if kind == "shifted" else 0
 
 
 class Policy(BaseModel):
@@ -229,8 +239,14 @@ class Policy(BaseModel):
                 if r.min_recompute_tokens is None
                 else r.min_recompute_tokens,
                 rule=i,
+                tail_tokens=q.shifted_recompute_tail_tokens
+                if r.shifted_recompute_tail_tokens is None
+                else r.shifted_recompute_tail_tokens,
             )
-        return QualityPlan(tv.allow_shifted, q.shifted_recompute_percent, q.min_recompute_tokens, None)
+        return QualityPlan(
+            tv.allow_shifted, q.shifted_recompute_percent, q.min_recompute_tokens, None,
+            q.shifted_recompute_tail_tokens,
+        )  # fmt: skip
 
     @cached_property
     def accepted_versions(self) -> frozenset[str]:
