@@ -97,3 +97,62 @@ def test_undefined_result_denies(tmp_path: Path, keys: Keys, pii_scanner: Any) -
     for ev in _evaluators(tmp_path, keys, pii_scanner, text):
         rec = ev.evaluate(parse(request([candidate(keys)])))[0].record
         assert rec["decision"] == "deny" and "undefined" in rec["gates"][0]["detail"]
+
+
+def test_regorus_decides_on_threads_other_than_the_one_that_built_it(
+    tmp_path: Path, keys: Keys, pii_scanner: Any
+) -> None:
+    """A regorus engine built on one thread decides on others (the hook's engine thread, a pool),
+    each with the same answer: a regorus Engine itself must never cross threads (pyo3 panics)."""
+    import concurrent.futures
+
+    pol = load_rego_policy(write(tmp_path, MINIMAL))
+    ev = Evaluator(pol, keys.keyring, keys.decision, pii_scanner=pii_scanner, engine=RegorusEngine(pol))
+    req = parse(request([candidate(keys, similarity=0.9)]))
+    here = ev.evaluate(req)[0].record["decision"]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        there = list(pool.map(lambda _: ev.evaluate(req)[0].record["decision"], range(6)))
+    assert here == "allow" and there == ["allow"] * 6
+    timed = Evaluator(
+        pol,
+        keys.keyring,
+        keys.decision,
+        pii_scanner=pii_scanner,
+        engine=RegorusEngine(pol),
+        engine_timeout=5.0,
+    )
+    assert timed.evaluate(req)[0].record["decision"] == "allow"  # NOTE: the engine runs on a worker thread
+
+
+def test_a_dropped_regorus_policy_is_freed_on_the_threads_that_compiled_it(tmp_path: Path) -> None:
+    """A reload drops the old policy's engine on whatever thread: no regorus engine is ever freed on
+    another thread than its own (pyo3 refuses, an unraisable error); the next compile frees it there."""
+    import gc
+    import sys
+    import threading
+
+    errors: list[Any] = []
+    before = sys.unraisablehook
+    sys.unraisablehook = errors.append
+    try:
+        pol = load_rego_policy(write(tmp_path, MINIMAL))
+        eng = RegorusEngine(pol)
+        compiled, dropped = threading.Event(), threading.Event()
+
+        def work(e: RegorusEngine) -> None:
+            e._engine()
+            compiled.set()
+            dropped.wait(10)  # NOTE: a long-lived thread (the hook's registration thread) outlives it
+
+        worker = threading.Thread(target=work, args=(eng,))
+        worker.start()
+        compiled.wait(10)
+        del eng  # NOTE: dropped here, on the main thread, while the worker still runs
+        gc.collect()
+        dropped.set()
+        worker.join()
+        RegorusEngine(pol)  # a new policy on this thread frees this thread's dead entries, here
+        gc.collect()
+    finally:
+        sys.unraisablehook = before
+    assert errors == [], [str(e.exc_value) for e in errors]

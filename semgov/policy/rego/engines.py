@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
+import weakref
 from typing import Any
 
 from semgov.policy.engine import ApprovedSpan, EngineResult, GateOutcome, fact_error
@@ -93,24 +94,44 @@ def input_json(doc: PolicyInput) -> str:
     return json.dumps(to_json_dict(doc), separators=(",", ":"))
 
 
+# Each thread's compiled regorus engines: {id(RegorusEngine): (weakref to it, regorus.Engine)}.
+_PER_THREAD = threading.local()
+
+
 class RegorusEngine:
-    """Embedded Rego evaluation with regorus. Thread-safe: one engine clone per thread."""
+    """Embedded Rego evaluation with regorus. Thread-safe: one engine per thread.
+
+    NOTE: a regorus ``Engine`` is unsendable: pyo3 panics when another thread so much as touches
+    it (a ``clone()`` included), and refuses to free it there. So each thread compiles its own from
+    the modules, once, and keeps it in that thread's own table (not in this object, which a policy
+    reload may drop on any thread); a thread frees the engines of dropped policies the next time it
+    compiles one, on itself. The constructor compiles one on its own thread, so a policy that does
+    not load fails here.
+    """
 
     name = "regorus"
 
     def __init__(self, policy: RegoPolicy) -> None:
-        import regorus
-
-        base = regorus.Engine()
-        for fname, text in policy.modules.items():
-            base.add_policy(str(policy.directory / fname), text)
-        self._base = base
-        self._local = threading.local()
+        self._modules = [(str(policy.directory / fname), text) for fname, text in policy.modules.items()]
+        self._engine()
 
     def _engine(self) -> Any:
-        eng = getattr(self._local, "engine", None)
-        if eng is None:
-            eng = self._local.engine = self._base.clone()
+        table: dict[int, tuple[weakref.ref[RegorusEngine], Any]] | None = getattr(
+            _PER_THREAD, "engines", None
+        )
+        if table is None:
+            table = _PER_THREAD.engines = {}
+        entry = table.get(id(self))
+        if entry is not None and entry[0]() is self:
+            return entry[1]
+        for key in [k for k, (owner, _) in table.items() if owner() is None]:
+            del table[key]  # NOTE: dropped on the thread that compiled it
+        import regorus
+
+        eng = regorus.Engine()
+        for path, text in self._modules:
+            eng.add_policy(path, text)
+        table[id(self)] = (weakref.ref(self), eng)
         return eng
 
     def evaluate(self, doc: PolicyInput) -> EngineResult:
