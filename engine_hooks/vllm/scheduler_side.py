@@ -215,16 +215,28 @@ class SchedulerSide:
         """The allowed donor (still in the store) whose plan from ``m`` loads the most."""
         self.stats["decided"] += 1
         best = 0
+        unloadable: tuple[SignedDecision, LiveDonor, str] | None = None
         for dec, (entry, _) in zip(job.decisions, job.candidates, strict=False):
             if dec.decision != "allow":
                 continue
             self.stats["allowed"] += 1
             if self.book.usable(entry.donor_id) == 0:
                 self.gov.drop_donor(entry.donor_id)  # NOTE: its KV left the store
+                unloadable = unloadable or (dec, entry, "the donor's KV left the connector's store")
                 continue
             k = sum(p.length for p in self._plan(st, dec, entry, m))
             if k > best:
                 best, st.chosen, st.donor = k, dec, entry
+            elif k == 0 and unloadable is None:
+                why = unloadable_reason(dec.approved_spans, m, self.block_size, self.settings)
+                unloadable = (dec, entry, why) if why is not None else None
+        if st.chosen is None and unloadable is not None:
+            # NOTE: an allow that is not acted on says why (it is decided, signed and audited, then
+            # nothing is loaded): never a silent drop.
+            dec, entry, why = unloadable
+            st.donor = entry
+            self.stats["unloadable"] = self.stats.get("unloadable", 0) + 1
+            self._not_realized(st, str(dec.record["decision_id"]), why)
 
     def _plan(self, st: _Req, dec: SignedDecision, donor: LiveDonor, m: int) -> tuple[LoadPiece, ...]:
         """Approved, token-verified positions contiguous from ``m``, whole blocks, leaving the last
@@ -419,6 +431,36 @@ class SchedulerSide:
 
 
 _UNSEALED = "vLLM's request has no block hashes to seal: reused KV would enter its prefix cache"
+
+
+def unloadable_reason(spans: Any, m: int, block_size: int, settings: HookSettings) -> str | None:
+    """Why an allow's approved spans give vLLM's connector nothing to load after vLLM's own prefix
+    hit of ``m`` tokens, or None when nothing was approved past it (vLLM's own cache covers it).
+
+    The connector can answer only a count of tokens that continue the hit (``get_num_new_matched_
+    tokens``): an approved run after fresh tokens, or whose planned head (``recompute``) must be
+    computed before the copied part, cannot be loaded; nor a run shorter than one block."""
+    past = [s for s in spans if int(s["recipient_start"]) + int(s["length"]) > m]
+    if not past:
+        return None
+    first = min(past, key=lambda s: int(s["recipient_start"]))
+    start, head = int(first["recipient_start"]), int(first.get("recompute", 0))
+    floor = settings.shifted_recompute_pct
+    if start > m:
+        return (
+            f"the approved run starts at position {start}, {start - m} fresh tokens past vLLM's own "
+            f"prefix hit ({m} tokens): vLLM's connector loads only a run that continues the hit"
+        )
+    if head or (floor and first["kind"] == "shifted"):
+        return (
+            f"the plan computes the first {head} tokens of the {first['kind']} span at {start} (recompute; "
+            f"SEMGOV_SHIFTED_RECOMPUTE_PCT {floor}): vLLM's connector cannot compute tokens before a load; "
+            "plan a tail instead (quality.shifted_recompute_tail_tokens)"
+        )
+    return (
+        f"the approved run after vLLM's own prefix hit ({m} tokens) is shorter than one {block_size}-token "
+        "block, or its tokens differ from the donor's stored prompt"
+    )
 
 
 def seal_blocks(request: Any, first_block: int) -> bool:

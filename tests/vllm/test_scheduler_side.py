@@ -250,3 +250,29 @@ def test_a_bad_store_size_stops_the_server_naming_the_variable(monkeypatch: pyte
         _store_mb({"SEMGOV_VLLM_STORE_MB": "lots"})
     with pytest.raises(HookConfigError, match="SEMGOV_VLLM_STORE_MB"):
         _store_mb({"SEMGOV_VLLM_STORE_MB": "-1"})
+
+
+def test_an_allow_the_connector_cannot_load_is_audited_with_why(side: SchedulerSide) -> None:
+    """An allowed span after fresh tokens (a new wrapper) or one whose plan computes its head first:
+    vLLM's connector loads nothing (it can only continue vLLM's own hit), and says so: a
+    ``realization_failed`` event naming the position or the plan, never a silent allow."""
+    p = pair_prompts("unit-wrapper", e_len=512, wrapper=96)
+    _donor(side, p, ns="ns-w")
+    r = _req(p.recipient, GW.token("acme", "ns-w", p.recipient_segs))
+    assert _ask(side, r, 256) == 0
+    task = {"id": "quality-plan-check", "version": "1"}  # NOTE: the rig policy's rule plans a 25% head
+    q = pair_prompts("unit-head", e_len=512)
+    d = _req(q.donor, GW.token("acme", "ns-h", q.donor_segs, task=task))
+    side.matched(d, 0)
+    _step(side, d, 0, len(q.donor), _blocks(len(q.donor)))
+    side.finished(d)
+    side.gov.wait_registrations()
+    h = _req(q.recipient, GW.token("acme", "ns-h", q.recipient_segs, task=task))
+    assert _ask(side, h, 256) == 0
+    side.gov.wait_idle()
+    audit = summarize(read_audit(side.audit_dir))  # type: ignore[attr-defined]
+    details = {str(f["request_id"]).split("-")[1]: str(f["detail"]) for f in audit.failed}
+    assert audit.allowed(next(iter(audit.decisions))) == 1 and audit.realized == {}
+    assert any("fresh tokens past vLLM's own prefix hit (256 tokens)" in x for x in details.values()), details
+    assert any("computes the first 128 tokens" in x and "plan a tail instead" in x for x in details.values())
+    assert side.stats["unloadable"] == 2
