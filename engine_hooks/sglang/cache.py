@@ -102,6 +102,7 @@ from engine_hooks.sglang.plan import (
     planned_tokens,
     recompute_leading,
     request_label,
+    unrealizable_reason,
 )
 from engine_hooks.sglang.rope import RopeSpec
 from engine_hooks.sglang.tp import Choice, DonorOp, FollowerGovernor, RoundSync, TpLink
@@ -586,9 +587,42 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         self.stats["decisions"] += c.decisions
         self.stats["allowed"] += c.allowed
         st.chosen, st.donor, st.donor_len = c.chosen, donor, c.donor_len
+        if st.chosen is None and c.allowed:
+            self._unrealized(st, c, decisions)
         if st.chosen is not None:
             st.durable = st.durable or c.durable
             st.deadline = self._clock() + self.gov.settings.audit_wait_ms / 1000
+
+    def _unrealized(self, st: _State, c: Choice, decisions: list[SignedDecision]) -> None:
+        """An allow that is not acted on says why (an engine event; a follower rank writes none)."""
+        assert self.gov is not None
+        live = dict(c.probed)
+        for dec in decisions:
+            if dec.decision != "allow":
+                continue
+            donor_id = str(dec.record["donor_id"])
+            if live.get(donor_id, 0) == 0:
+                why: str | None = "the donor's KV was evicted before its decision could be acted on"
+            else:
+                cfg = self.gov.settings
+                why = unrealizable_reason(
+                    dec.approved_spans,
+                    self._spans(dec, st),
+                    st.m0,
+                    max_regions=cfg.max_regions,
+                    min_region_tokens=cfg.min_region_tokens,
+                    page_size=self.page_size,
+                )
+            if why is not None:
+                self.stats["unrealizable"] = self.stats.get("unrealizable", 0) + 1
+                self.gov.event(
+                    "realization_failed",
+                    request_id=st.label,
+                    decision_id=str(dec.record["decision_id"]),
+                    donor_id=donor_id,
+                    detail=why,
+                )
+            return
 
     def _spans(self, dec: SignedDecision, st: _State) -> list[Any]:
         """What of a decision's approved spans is copied: all of it, less each span's leading tokens

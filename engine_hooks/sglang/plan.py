@@ -149,6 +149,39 @@ def recompute_leading(spans: Sequence[Mapping[str, Any]], share: float = 0.0) ->
     return out
 
 
+def unrealizable_reason(
+    approved: Sequence[Mapping[str, Any]],
+    copyable: Sequence[Mapping[str, Any]],
+    start: int,
+    *,
+    max_regions: int,
+    min_region_tokens: int,
+    page_size: int,
+) -> str | None:
+    """Why an allow realizes nothing here, given its approved spans, what of them may be copied
+    (:func:`recompute_leading`, canaries applied) and where the exact match ends; None when it
+    approved nothing past the exact match (SGLang's own prefix cache already has it all)."""
+    if not any(int(s["recipient_start"]) + int(s["length"]) > start for s in approved):
+        return None
+    past = [s for s in copyable if int(s["recipient_start"]) + int(s["length"]) > start]
+    if not past:
+        return (
+            "nothing of the approved spans past the exact match may be copied (the plan recomputes it, "
+            "or canaries turned shifted reuse off for this task and contract)"
+        )
+    first = int(min(int(s["recipient_start"]) for s in past))
+    if first > start and max_regions == 0:
+        return (
+            f"the approved run starts at {first}, after fresh tokens past the exact match at {start}, "
+            "and SEMGOV_MAX_REGIONS is 0"
+        )
+    return (
+        f"the approved runs past the exact match at {start} (the first at {first}) are shorter than "
+        f"SEMGOV_MIN_REGION_TOKENS ({min_region_tokens}) or one {page_size}-token page once aligned, beyond "
+        f"SEMGOV_MAX_REGIONS ({max_regions}), or past the donor's live KV"
+    )
+
+
 def planned_tokens(
     spans: Sequence[Mapping[str, Any]], start: int, limit: int, donor_len: int, page_size: int
 ) -> int:

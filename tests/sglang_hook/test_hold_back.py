@@ -521,3 +521,24 @@ def test_a_region_plan_whose_donor_tokens_differ_is_refused_and_the_request_runs
     assert "tokens differ" in failed["detail"]
     assert not [r for r in h.records() if r.get("kind") == "realization"]
     h.assert_clean()
+
+
+def test_an_allow_with_nothing_realizable_is_audited_with_why(make_harness: Any) -> None:
+    """[S][W'][E][Q2] with SEMGOV_MAX_REGIONS=0: E is allowed but cannot be realized after fresh
+    tokens; the request runs cold and a realization_failed event names the position and the setting."""
+    h = make_harness(SEMGOV_MAX_REGIONS="0")
+    b = blocks()
+    run_donor(h, b)
+    rcp = new_recipient(h, b, lay=b.wrapped(list(range(500, 524))))
+    h.match(rcp)
+    st = state_of(rcp)
+    assert st is not None and st.chosen is None and st.regions == ()
+    assert h.tree.stats["unrealizable"] == 1
+    h.abort_waiting(rcp)
+    assert h.tree.gov.wait_idle(30)
+    h.tree.gov.audit.flush()
+    failed = [r for r in h.records() if r.get("kind") == "realization_failed"]
+    assert [r["request_id"] for r in failed] == [st.label]
+    assert f"starts at {S_LEN + 24}, after fresh tokens" in failed[0]["detail"]
+    assert "SEMGOV_MAX_REGIONS is 0" in failed[0]["detail"]
+    h.assert_clean()

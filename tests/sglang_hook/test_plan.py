@@ -90,3 +90,19 @@ def test_recompute_leading_follows_the_records_plan_with_the_setting_as_a_floor(
     assert recompute_leading(planned, 0.2) == [_span(0, 0, 256, "prefix"), _span(520, 456, 800)]  # 200 > 100
     whole = [{**_span(320, 256, 40), "recompute": 40}, {**_span(400, 400, 64, "prefix"), "recompute": 8}]
     assert recompute_leading(whole) == [_span(408, 408, 56, "prefix")]  # a prefix span's plan counts too
+
+
+def test_why_an_allow_realizes_nothing() -> None:
+    """The reason an allow is not acted on: nothing past the exact match (None: SGLang has it all),
+    everything past it recomputed or turned off, regions off, or runs too short for a region."""
+    from engine_hooks.sglang.plan import unrealizable_reason
+
+    kw: dict[str, Any] = {"max_regions": 4, "min_region_tokens": 64, "page_size": 1}
+    prefix = [_span(0, 0, 256, "prefix")]
+    assert unrealizable_reason(prefix, prefix, 256, **kw) is None
+    e = [_span(352, 320, 2048)]
+    assert "may be copied" in str(unrealizable_reason(e, [], 256, **kw))
+    off = unrealizable_reason(e, e, 256, **{**kw, "max_regions": 0})
+    assert off is not None and "starts at 352, after fresh tokens" in off and "SEMGOV_MAX_REGIONS is 0" in off
+    short = [_span(352, 320, 40)]
+    assert "shorter than SEMGOV_MIN_REGION_TOKENS (64)" in str(unrealizable_reason(short, short, 256, **kw))
