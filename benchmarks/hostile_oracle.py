@@ -605,15 +605,17 @@ def judge_policy_yaml(data: Any) -> list[str]:  # noqa: C901
         scope = {"task": lambda x: isinstance(x, str) and x != "", "response_contract": None}
         scope["response_contract"] = scope["task"]
         kinds = {**scope, "allow_shifted": boolean, "shifted_recompute_percent": percent,
-                 "min_recompute_tokens": pos_int(0)}  # fmt: skip
+                 "min_recompute_tokens": pos_int(0), "shifted_recompute_tail_tokens": pos_int(0)}  # fmt: skip
         return isinstance(v, list) and all(
             isinstance(r, dict) and all(k in kinds and (x is None or kinds[k](x)) for k, x in r.items())
             for r in v
         )
 
     section(
-        "quality", {"shifted_recompute_percent": percent, "min_recompute_tokens": pos_int(0), "rules": rules}
-    )
+        "quality",
+        {"allow_shifted": boolean, "shifted_recompute_percent": percent, "min_recompute_tokens": pos_int(0),
+         "shifted_recompute_tail_tokens": pos_int(0), "rules": rules},
+    )  # fmt: skip
     tv, q = data.get("token_verification"), data.get("quality")
     if (
         isinstance(tv, dict)

@@ -1202,7 +1202,7 @@ class RegoPolicyTarget(Target):
     @staticmethod
     def _convention(engine: Any, fx: AuditFixture) -> str:
         """Ask regorus for the raw rules and check the package convention by hand."""
-        eng = engine._base.clone()
+        eng = engine._engine()  # NOTE: this thread's own regorus engine (never another thread's)
         eng.set_input_json(json.dumps(fx.allow_doc_json))
         try:
             allow = eng.eval_rule("data.semgov.reuse.allow")

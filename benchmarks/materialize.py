@@ -34,7 +34,7 @@ import torch
 from transformers import DynamicCache
 
 from engine_hooks.reference import materialize as mz
-from engine_hooks.reference.model import LoadedModel, load_smollm2
+from engine_hooks.reference.model import MODEL_CHOICES, LoadedModel, load_model
 from engine_hooks.reference.workload import common_prefix
 
 COMPANIES = ["Northwind Traders", "Contoso Ltd", "Fabrikam Inc", "Tailspin Toys", "Litware Corp", "Adatum"]
@@ -192,11 +192,12 @@ def main() -> int:
     ap.add_argument("--evidence", type=int, default=1500)
     ap.add_argument("--shift", type=int, default=200)
     ap.add_argument("--wrapper", choices=["instructions", "filings", "both"], default="both")
+    ap.add_argument("--model", choices=MODEL_CHOICES, default="smollm2-135m", help="docs/models.md")
     args = ap.parse_args()
     os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    lm = load_smollm2()
+    lm = load_model(args.model)
     print(f"# {lm.name}, loaded in {time.perf_counter() - t0:.1f} s; torch {torch.__version__}, 1 thread")
     ttft(lm, args.sizes, args.repeat)
     for wrapper in ("instructions", "filings") if args.wrapper == "both" else (args.wrapper,):

@@ -2,7 +2,8 @@
 
 For ``--pairs`` donor/recipient pairs of the ``semgov bench`` workload (cohorts ``--cohorts``, default
 ``shifted`` = a new instruction wrapper before the donor's evidence and ``removed_wrapper`` = the
-wrapper left out), each decided by the default policy (a deny is skipped and counted), the
+wrapper left out), each decided by the default policy with shifted spans turned on and nothing
+planned (``semgov calibrate``'s trial policy; a deny is skipped and counted), the
 recipient is prefilled cold and then warm once per ``--methods`` entry (names:
 :mod:`engine_hooks.reference.realize`: ``none``, ``leading:P%``, ``boundary:N``, ``trailing:N``,
 ``bookend:H+T``, ``selective:P%``), and each greedy answer (``--max-new-tokens``, stopping at the
@@ -60,10 +61,10 @@ def _pair_row(ctx: Any, pair: Any, methods: list[Any], floor: bool) -> dict[str,
     from engine_hooks.reference.bench import first_divergence, kl_divergence
     from engine_hooks.reference.bench_workload import value_present
 
-    lm, bench = ctx
+    lm, bench, trial = ctx
     ids = pair.recipient.token_ids
-    bench.register_donor(pair.request)
-    record = bench.evaluator.evaluate(pair.request)[0].record
+    trial.register_donor(pair.request.candidates[0].prompt)
+    record = trial.evaluate(pair.request)[0].record
     if record["decision"] != "allow" or not any(s["kind"] == "shifted" for s in record["approved_spans"]):
         return None
     donor = mz.donor_kv(lm, pair.donor.token_ids)
@@ -153,6 +154,8 @@ def table(summary: dict[str, Any]) -> str:
         f"{'wording':>9}{'computed':>10}{'speed':>8}"
     ]
     for name, s in summary.items():
+        if not s["n"]:
+            continue
         speed = "-" if s["speed_median"] is None else f"{s['speed_median']:.1f}x"
         lines.append(
             f"{name:<16}{_interval(s['changed'], s['n']):>22}{_interval(s['lost'], s['n']):>20}"
@@ -179,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     from engine_hooks.reference import realize
     from engine_hooks.reference.bench import Bench, BenchConfig, _pin_threads, load_model
     from engine_hooks.reference.bench_workload import WorkloadBuilder, evidence_budget
+    from engine_hooks.reference.calibrate import trial_policy
+    from semgov import Evaluator
 
     methods = [realize.parse(m) for m in args.methods.split(",")]
     cohorts = tuple(c for c in args.cohorts.split(",") if c)
@@ -198,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
     ).resolved()
     bench = Bench(cfg, lm)
+    # NOTE: decided with shifted spans on and nothing planned (what calibration tries): the default
+    # policy turns them off, and every method plans the same approved spans its own way.
+    trial = Evaluator(trial_policy(bench.policy), bench.keys.keyring, bench.keys.decision)
     progress = args.out / "pairs.jsonl"
     done: dict[str, dict[str, Any]] = {}
     if args.resume and progress.exists():
@@ -217,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             if pair.pair_id in done:
                 rows.append(done[pair.pair_id])
                 continue
-            row = _pair_row((lm, bench), pair, methods, floor=i < args.floor_pairs)
+            row = _pair_row((lm, bench, trial), pair, methods, floor=i < args.floor_pairs)
             if row is None:
                 denied += 1
                 continue

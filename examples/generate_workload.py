@@ -10,9 +10,10 @@ propose them, in these cohorts (the expected decision follows from the design,
 it is not computed by semgov):
 
 - realistic: ``exact`` repeat (allow), ``shifted`` repeat (other instruction
-  template before the same evidence and question; allow because the evidence,
-  a reusable role, dominates the prompt), ``question`` variant (allow through
-  the common prefix), ``instruction`` variant with a new response contract
+  template before the same evidence and question; deny: safe, but the default
+  policy turns shifted spans off for answer quality until a rule turns them on),
+  ``question`` variant (allow through the common prefix), ``instruction``
+  variant with a new response contract
   (deny), changed ``task`` (deny), ``entity_swap`` from another namespace of the
   same tenant (deny), ``unrelated`` (deny);
 - single-gate mutations of an allow pair (deny): ``other_tenant`` (provenance

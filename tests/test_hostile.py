@@ -450,7 +450,10 @@ def test_audit_log_hand_written(targets: dict[str, Target], ctx: Ctx) -> None:
     flipped = bytearray(log)
     flipped[200] ^= 1
     renumbered = b"".join(_frame(i, f[44:]) for i, f in enumerate(frames[:3] + frames[4:]))
-    forged = fx.original[fx.closed]["checkpoint"].replace(b"\n44\n", b"\n45\n")
+    note = fx.original[fx.closed]["checkpoint"]
+    size = int(note.split(b"\n")[1])  # NOTE: a C2SP checkpoint: origin, then the tree size
+    forged = note.replace(b"\n%d\n" % size, b"\n%d\n" % (size + 1), 1)
+    assert forged != note
     for data in (_log_input(0, 0, bytes(flipped)), _log_input(0, 0, renumbered), _log_input(0, 1, forged)):
         v = t.run(data)
         assert _clean(v) and any(r.startswith("verify: ") for r in v.reasons), v

@@ -54,7 +54,7 @@ from engine_hooks.reference.bench_workload import (
     prefix_case,
     value_present,
 )
-from engine_hooks.reference.workload import common_prefix, rfc3339
+from engine_hooks.reference.workload import QUALITY_GATED, common_prefix, rfc3339
 from semgov import CapturedRequest, Evaluator, load_policy
 from semgov.audit.store import AuditLog
 from semgov.facts.compute import FactContext, PreparedPrompt, compute_facts
@@ -559,7 +559,9 @@ def classify(rows: list[Json], floor: Json) -> None:
             a["values_lost"] = lost
             a["diverged_beyond_floor"] = div is not None and (limit is None or div < limit)
             a["quality_regression"] = bool(lost) or a["diverged_beyond_floor"]
-            a["unsafe_materialization"] = row["expect"] == "deny" and a["materialized_tokens"] > 0
+            # NOTE: a quality-gated cohort (shifted spans, off by default) is denied but not unsafe.
+            unsafe = row["expect"] == "deny" and row["base"] not in QUALITY_GATED
+            a["unsafe_materialization"] = unsafe and a["materialized_tokens"] > 0
 
 
 def _cohort_stats(rows: list[Json], arm: str) -> Json:

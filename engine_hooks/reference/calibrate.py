@@ -1,12 +1,14 @@
 """``semgov calibrate`` on the CPU reference engine: paired cold/warm runs of sampled captured traffic.
 
-For each sampled request with an allowed candidate, the donor's KV comes from a cold prefill of the
-candidate's prompt, the recipient is prefilled cold and then warm as the decision approves, and the
-greedy answers are compared: a warm answer regresses when it differs from cold before any cold/cold
-rerun did (the floor, measured on the first requests). Shifted decisions are run warm once per
-recompute percent tried (each shifted span's head recomputed as the policy's quality plan would
-say at that percent); prefix-only decisions once, as approved. The trials go to
-:mod:`semgov.policy.calibration`.
+The captured requests are decided by a *trial* copy of the policy: shifted spans on for every scope
+(``quality.allow_shifted``, its rules' ``allow_shifted`` dropped) with nothing planned (no head, no
+tail), so every shifted span the policy's other settings approve is tried. For each sampled
+request with an allowed candidate, the donor's KV comes from a cold prefill of the candidate's
+prompt, the recipient is prefilled cold and then warm, and the greedy answers are compared: a warm
+answer *regresses* when it differs from cold before any cold/cold rerun did (the floor, measured on
+the first requests). Shifted decisions are run warm once per method (``trailing:256``, ...:
+:mod:`engine_hooks.reference.realize`), each planned on the decision's spans as a policy would
+plan it; prefix-only decisions once, as approved. The trials go to :mod:`semgov.policy.calibration`.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from engine_hooks.reference import materialize as mz
+from engine_hooks.reference import realize
 from engine_hooks.reference.bench import first_divergence, load_model
 from semgov import CapturedRequest, Evaluator, Keyring
 from semgov.intake.capture import read_captured
 from semgov.policy.calibration import Trial
-from semgov.policy.yaml.model import Policy, QualityPlan
+from semgov.policy.yaml.model import Policy
 from semgov.signing.keys import SigningKey
 
 
@@ -36,6 +39,23 @@ class _Case:
     candidate: int
     record: dict[str, Any]
     kind: str
+
+
+def trial_policy(policy: Policy) -> Policy:
+    """``policy`` with shifted spans on in every scope and nothing planned: what calibration tries.
+
+    ``ValueError`` when ``token_verification.allow_shifted`` is false: shifted reuse is forbidden
+    there, and no rule calibration writes could turn it on."""
+    if not policy.token_verification.allow_shifted:
+        raise ValueError(
+            "token_verification.allow_shifted is false: shifted reuse is forbidden by this policy, and no "
+            "quality rule can turn it on; there is nothing to calibrate"
+        )
+    q = policy.quality
+    neutral = {"allow_shifted": True, "shifted_recompute_percent": 0, "min_recompute_tokens": 0,
+               "shifted_recompute_tail_tokens": 0}  # fmt: skip
+    rules = [r.model_copy(update=dict.fromkeys(neutral)) for r in q.rules]  # NOTE: the scope only
+    return policy.model_copy(update={"quality": q.model_copy(update={**neutral, "rules": rules})})
 
 
 def _cases(path: Path, ev: Evaluator, per_scope: int, seed: int) -> tuple[list[_Case], int]:
@@ -60,35 +80,32 @@ def _cases(path: Path, ev: Evaluator, per_scope: int, seed: int) -> tuple[list[_
     return out, n
 
 
-def _planned(record: dict[str, Any], plan: QualityPlan) -> list[dict[str, Any]]:
-    return [{**s, "recompute": plan.recompute(s["kind"], s["length"])} for s in record["approved_spans"]]
-
-
 def run_calibration(
     captured: Path,
     policy: Policy,
     keyring: Keyring,
     *,
-    model: str = "smollm2",
+    model: str = "smollm2-135m",
     per_scope: int = 10,
-    percents: Sequence[int] = (5, 20, 40),
+    methods: Sequence[str] = ("trailing:128", "bookend:16+256", "trailing:512"),
     max_new_tokens: int = 16,
     floor_runs: int = 3,
     seed: int = 7,
     threads: int = 1,
     log: Callable[[str], None] = print,
 ) -> tuple[list[Trial], dict[str, Any]]:
-    """Trials for every sampled case and percent, and what was run (for ``calibration.json``)."""
+    """Trials for every sampled case and method, and what was run (for ``calibration.json``)."""
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    ev = Evaluator(policy, keyring, SigningKey.from_private(Ed25519PrivateKey.generate()))
+    hows = [realize.parse(m) for m in methods]
+    ev = Evaluator(trial_policy(policy), keyring, SigningKey.from_private(Ed25519PrivateKey.generate()))
     cases, requests = _cases(captured, ev, per_scope, seed)
     log(
         f"{requests} requests read, {len(cases)} allowed candidates sampled "
-        f"(at most {per_scope} per scope and kind)"
+        f"(at most {per_scope} per scope and kind; shifted spans tried everywhere)"
     )
     lm = load_model(model, seed=seed)
-    runs: list[tuple[_Case, int, int | None]] = []  # (case, percent, first divergence)
+    runs: list[tuple[_Case, str, int | None]] = []  # (case, method, first divergence)
     floor: list[int | None] = []
     for i, case in enumerate(cases):
         req = case.request
@@ -98,12 +115,13 @@ def run_calibration(
         answer = mz.greedy(lm, cold, max_new_tokens)
         if i < floor_runs:
             floor.append(first_divergence(answer, mz.greedy(lm, mz.cold_prefill(lm, ids), max_new_tokens)))
-        scope_plan = policy.quality_plan(req.task.id, req.response_contract.id)
-        tried = sorted(percents) if case.kind == "shifted" else [scope_plan.percent]
-        for p in tried:
-            plan = QualityPlan(True, p, scope_plan.min_tokens, None)
-            warm, _ = mz.warm_prefill(lm, ids, donor, _planned(case.record, plan), decision_id="calibrate")
-            runs.append((case, p, first_divergence(answer, mz.greedy(lm, warm, max_new_tokens))))
+        tried = hows if case.kind == "shifted" else [realize.parse("none")]
+        for how in tried:
+            warm, _ = realize.realize(
+                lm, ids, donor, case.record["approved_spans"], how, decision_id="calibrate"
+            )
+            name = how.name if case.kind == "shifted" else "as approved"
+            runs.append((case, name, first_divergence(answer, mz.greedy(lm, warm, max_new_tokens))))
         log(f"[{i + 1}/{len(cases)}] {req.request_id} {case.kind} {req.task.id}/{req.response_contract.id}")
     divergent = [d for d in floor if d is not None]
     limit = min(divergent) if divergent else None
@@ -112,10 +130,10 @@ def run_calibration(
             task=c.request.task.id,
             contract=c.request.response_contract.id,
             kind="shifted" if c.kind == "shifted" else "prefix",
-            percent=p,
+            method=m,
             regressed=d is not None and (limit is None or d < limit),
         )
-        for c, p, d in runs
+        for c, m, d in runs
     ]
     meta = {
         "captured": str(captured),

@@ -34,17 +34,22 @@ TENANTS = ("acme", "globex", "initech")
 # --- cohorts ----------------------------------------------------------------------------------
 
 REALISTIC_DESIGN: dict[str, tuple[str, tuple[float, float]]] = {
-    # realistic cohort: (expected decision, similarity range a semantic cache would report)
+    # realistic cohort: (expected decision under the default policy, similarity range a semantic
+    # cache would report)
     "exact": ("allow", (0.97, 1.0)),
     "question": ("allow", (0.75, 0.9)),
-    "shifted": ("allow", (0.85, 0.95)),
-    "removed_wrapper": ("allow", (0.85, 0.95)),
+    # NOTE: safe to reuse, but shifted spans are off by default for answer quality (QUALITY_GATED)
+    "shifted": ("deny", (0.85, 0.95)),
+    "removed_wrapper": ("deny", (0.85, 0.95)),
     "instruction": ("deny", (0.8, 0.92)),
     "task": ("deny", (0.65, 0.82)),
     "entity_swap": ("deny", (0.7, 0.85)),
     "unrelated": ("deny", (0.2, 0.55)),
 }
-ALLOW_BASES = ("exact", "question", "shifted")  # the pairs a single-gate mutation starts from
+ALLOW_BASES = ("exact", "question")  # the pairs a single-gate mutation starts from
+# Cohorts whose reuse breaks no boundary but whose shifted spans the default policy turns off for
+# answer quality: materializing them is a quality risk, not an unsafe reuse.
+QUALITY_GATED = frozenset({"shifted", "removed_wrapper"})
 
 
 def expected(cohort: str) -> str:

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Server check of the semgov SGLang backend: real SGLang servers, on the CPU or on a GPU.
 #
-#   engine_hooks/sglang/server_check.sh [--engine sglang] [--device cpu|cuda] [--model tiny|smollm2-arch]
+#   engine_hooks/sglang/server_check.sh [--engine sglang] [--device cpu|cuda] [--model tiny|smollm2-arch|REAL]
 #                                       [--pairs N] [--servers a,b] [--out DIR] [--keep]
-#   engine_hooks/sglang/server_check.sh --engine vllm [--model tiny|smollm2] [--pairs N] [--e-len N]
+#   engine_hooks/sglang/server_check.sh --engine vllm [--model tiny|REAL] [--pairs N] [--e-len N]
+#   (REAL: smollm2-135m, qwen2.5-coder-0.5b or qwen2.5-coder-1.5b with real weights: docs/models.md)
 #                                       [--out DIR] [--keep]
 #
 # --engine vllm runs the same paired cohorts in two real vLLM 0.32 servers (stock prefix cache,
@@ -15,7 +16,8 @@
 # From a checkout, in an environment where semgov is installed (`pip install -e .`, which
 # registers the `semgov` SGLang plugin) with SGLang 0.5.23: on a GPU machine `pip install -e
 # '.[sglang]'`; on a CPU machine the CPU install of README.md / docs/sglang.md. Nothing is
-# downloaded: the models are configs with dummy weights (prompts are token ids).
+# downloaded: the models are configs with dummy weights, or a real model from its registry
+# packages (prompts are token ids either way).
 #
 # It starts one SGLang server per configuration (page size 1 with overlap scheduling, page size
 # 16 without it, SGLang's retraction test mode, a pool too small for its traffic; chunked

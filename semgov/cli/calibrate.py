@@ -16,19 +16,33 @@ from typing import Any
 from semgov import Keyring
 from semgov.cli.bench import MODEL_CHOICES, MODEL_EXTRA_HINT, MODEL_HELP, positive
 from semgov.errors import InputError, PolicyError
-from semgov.policy.calibration import aggregate, overlay_rego, overlay_yaml, table
+from semgov.policy.calibration import aggregate, overlay_rego, overlay_yaml, plan_settings, table
 from semgov.policy.rego.loader import load_rego_policy
 from semgov.policy.yaml.model import POLICY_FILE, load_policy
 
 
-def _percents(text: str) -> list[int]:
+def _methods(text: str) -> list[str]:
+    """``--methods``: realizations a policy can plan, comma-separated, in order of preference."""
+    out = [m.strip() for m in text.split(",") if m.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError("no method given")
+    for m in out:
+        try:
+            plan_settings(m)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return list(dict.fromkeys(out))
+
+
+def _percents(text: str) -> list[str]:
+    """``--percents P,P``: shorthand for ``--methods leading:P%,...`` (the first calibrate's form)."""
     try:
         out = sorted({int(x) for x in text.split(",")})
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
     if not out or not all(0 <= p <= 100 for p in out):
         raise argparse.ArgumentTypeError(f"percents must be integers from 0 to 100, got {text!r}")
-    return out
+    return [f"leading:{p}%" for p in out]
 
 
 def _rate(text: str) -> float:
@@ -46,14 +60,15 @@ def register(sub: Any) -> None:
         "calibrate",
         help="measure reuse's answer regressions on captured traffic; write the policy that stays in budget",
         description="Paired cold/warm runs of sampled captured requests on the CPU reference engine "
-        "(--model, default SmolLM2-135M-Instruct): for every allowed candidate sampled, the recipient's "
-        "greedy answer warm "
-        "is compared with cold; shifted decisions are tried at each recompute percent. Per task id and "
-        "response contract id it reports the regression rate with a 95% Wilson interval and writes "
-        "OUT/yaml/policy.yaml: the YAML policy with quality rules first that keep, per scope, the smallest "
-        "percent whose interval's upper bound is within --budget, or forbid shifted reuse there "
-        "(allow_shifted: false); with --rego also OUT/rego/, the Rego policy with the same rules. "
-        "OUT/calibration.json holds every count. Needs the model extra: " + MODEL_EXTRA_HINT + ".",
+        "(--model, default SmolLM2-135M-Instruct). The requests are decided with shifted spans on in every "
+        "scope (whatever the policy's quality section says; nothing else of the policy changes); for every "
+        "allowed candidate sampled, the recipient's greedy answer warm is compared with cold, and shifted "
+        "decisions are tried with each --methods realization. Per task id and response contract id it "
+        "reports the regression rate with a 95%% Wilson interval and writes OUT/yaml/policy.yaml: the YAML "
+        "policy with quality rules first that turn shifted reuse on, per scope, with the first method "
+        "whose interval's upper bound is within --budget, or off (allow_shifted: false) where none is; "
+        "with --rego also OUT/rego/, the Rego policy with the same rules. OUT/calibration.json holds "
+        "every count. Needs the model extra: " + MODEL_EXTRA_HINT + ".",
     )
     p.add_argument("captured", type=Path, metavar="CAPTURED.jsonl", help="captured requests (.gz ok)")
     p.add_argument("--policy", required=True, type=Path, metavar="DIR", help="the YAML policy to calibrate")
@@ -80,11 +95,21 @@ def register(sub: Any) -> None:
         help="allowed candidates per scope and kind (default 20: 0 of 20 has a 95%% upper bound of 16%%)",
     )
     p.add_argument(
+        "--methods",
+        type=_methods,
+        default=["trailing:128", "bookend:16+256", "trailing:512"],
+        metavar="M,M,...",
+        help="realizations of shifted spans to try, cheapest first: the first within --budget is kept "
+        "(none, leading:P%%, leading:N, boundary:N, trailing:N, bookend:H+T; default "
+        "trailing:128,bookend:16+256,trailing:512, cheapest first; on vLLM name head-free ones only: "
+        "none, trailing:N)",
+    )
+    p.add_argument(
         "--percents",
         type=_percents,
-        default=[5, 20, 40],
+        dest="methods",
         metavar="P,P,...",
-        help="shifted-span recompute percents to try (default 5,20,40)",
+        help="shorthand for --methods leading:P%%,...: each shifted span's first P%% recomputed",
     )
     p.add_argument(
         "--budget",
@@ -120,24 +145,29 @@ def run(args: argparse.Namespace) -> int:
     keyring = Keyring.load(args.trust)
     if not args.captured.exists():
         raise InputError("captured file not found", source=str(args.captured))
-    trials, meta = _harness().run_calibration(
+    harness = _harness()
+    try:
+        harness.trial_policy(policy)
+    except ValueError as e:
+        raise PolicyError(str(e), source=str(base_file)) from None
+    trials, meta = harness.run_calibration(
         args.captured,
         policy,
         keyring,
         model=args.model,
         per_scope=args.sample,
-        percents=args.percents,
+        methods=args.methods,
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
         threads=args.threads,
         log=lambda m: print(m, file=sys.stderr),
     )
-    results = aggregate(trials, args.percents, args.budget)
+    results = aggregate(trials, args.methods, args.budget)
     note = (
         f"Calibrated by `semgov calibrate` from {base_file} (revision {policy.revision})\n"
         f"on {meta['captured']}: "
         f"{meta['sampled']} allowed candidates of {meta['requests']} requests, model {meta['model']}, "
-        f"percents {args.percents}, budget {args.budget:g} (95% upper bound)."
+        f"methods {', '.join(args.methods)}, budget {args.budget:g} (95% upper bound)."
     )
     (args.out / "yaml").mkdir(parents=True, exist_ok=True)
     written = overlay_yaml(base_file.read_bytes(), str(base_file), results, note)
@@ -146,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         _write_rego(args.rego, args.out / "rego", results)
     report = {
         **meta,
-        "percents": args.percents,
+        "methods": args.methods,
         "budget": args.budget,
         "scopes": [
             {
@@ -154,8 +184,7 @@ def run(args: argparse.Namespace) -> int:
                 "response_contract": s.contract,
                 "prefix": {"n": s.prefix.n, "regressions": s.prefix.regressions, "ci95": s.prefix.ci95},
                 "shifted": {
-                    str(p): {"n": c.n, "regressions": c.regressions, "ci95": c.ci95}
-                    for p, c in sorted(s.shifted.items())
+                    m: {"n": c.n, "regressions": c.regressions, "ci95": c.ci95} for m, c in s.shifted.items()
                 },
                 "rule": s.rule(),
             }
@@ -163,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         ],
     }
     (args.out / "calibration.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(table(results, args.percents, args.budget))
+    print(table(results, args.methods, args.budget))
     also = f", {args.out / 'rego'}" if rego is not None else ""
     print(f"wrote {args.out / 'yaml' / POLICY_FILE}{also} and {args.out / 'calibration.json'}")
     return 0

@@ -1,20 +1,24 @@
 """Calibration: turn measured regressions into a quality overlay for a policy (pure, no engine).
 
 ``semgov calibrate`` runs sampled captured requests cold and warm on an engine and records one
-:class:`Trial` per (request, recompute percent): did the warm answer regress against cold? This
+:class:`Trial` per (request, realization method): did the warm answer regress against cold? This
 module aggregates them per scope (task id, response contract id) and span kind, with a 95% Wilson
-interval, picks per scope the smallest recompute percent whose regression rate's *upper* bound stays
-within the budget (doubt counts against reuse: 0 of 10 is not 0%), and writes the result as quality
-rules into a copy of the YAML policy (and, given one, of the Rego policy) that ``semgov policy
-check`` loads like any other.
+interval, picks per scope the first method (in the order given: cheapest first) whose regression
+rate's *upper* bound stays within the budget (doubt counts against reuse: 0 of 10 is not 0%), and
+writes the result as quality rules into a copy of the YAML policy (and, given one, of the Rego
+policy) that ``semgov policy check`` loads like any other: ``allow_shifted: true`` with the
+method's plan where one passed, ``allow_shifted: false`` where shifted trials were measured and
+none did. Prefix reuse is exact by construction and is reported, never restricted.
 
-A scope whose shifted trials exceed the budget at every percent tried gets ``allow_shifted: false``.
-Prefix reuse is exact by construction and is reported, never restricted.
+A method is a realization a policy can plan (:func:`plan_settings`): ``none``, ``leading:P%``,
+``leading:N`` (or ``boundary:N``), ``trailing:N`` and ``bookend:H+T``; the reference engine can try
+others (``selective:P%``), which no policy can sign and which are refused here.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -27,6 +31,32 @@ from semgov.stats import wilson
 
 Kind = Literal["prefix", "shifted"]
 
+_PLANS: tuple[tuple[re.Pattern[str], Any], ...] = (
+    (re.compile(r"none"), lambda m: (0, 0, 0)),
+    (re.compile(r"leading:(\d{1,3})%"), lambda m: (int(m[1]), 0, 0)),
+    (re.compile(r"(?:leading|boundary):(\d{1,6})"), lambda m: (0, int(m[1]), 0)),
+    (re.compile(r"trailing:(\d{1,6})"), lambda m: (0, 0, int(m[1]))),
+    (re.compile(r"bookend:(\d{1,6})\+(\d{1,6})"), lambda m: (0, int(m[1]), int(m[2]))),
+)
+
+
+def plan_settings(method: str) -> dict[str, int]:
+    """The quality settings that plan ``method`` (``shifted_recompute_percent``,
+    ``min_recompute_tokens``, ``shifted_recompute_tail_tokens``); ``ValueError`` for a method no
+    policy can plan."""
+    for rx, settings in _PLANS:
+        m = rx.fullmatch(method)
+        if m is not None:
+            pct, head, tail = settings(m)
+            if pct > 100:
+                raise ValueError(f"{method!r}: a percent above 100")
+            return {"shifted_recompute_percent": pct, "min_recompute_tokens": head,
+                    "shifted_recompute_tail_tokens": tail}  # fmt: skip
+    raise ValueError(
+        f"{method!r} is not a plan a policy can sign: none, leading:P%, leading:N, boundary:N, trailing:N "
+        "or bookend:H+T"
+    )
+
 
 @dataclass(frozen=True, slots=True)
 class Trial:
@@ -35,13 +65,13 @@ class Trial:
     task: str
     contract: str
     kind: Kind  # "shifted" when any approved span was shifted
-    percent: int  # the shifted-span recompute percent the warm run used
+    method: str  # the realization the warm run used (prefix trials: "as approved")
     regressed: bool  # the warm answer differs from cold before any cold/cold rerun did
 
 
 @dataclass(slots=True)
 class Cell:
-    """Trials of one scope, kind and percent."""
+    """Trials of one scope, kind and method."""
 
     n: int = 0
     regressions: int = 0
@@ -58,8 +88,8 @@ class ScopeResult:
     task: str
     contract: str
     prefix: Cell = field(default_factory=Cell)
-    shifted: dict[int, Cell] = field(default_factory=dict)
-    chosen: int | None = None  # the recompute percent kept; None with trials: shifted forbidden
+    shifted: dict[str, Cell] = field(default_factory=dict)
+    chosen: str | None = None  # the method kept; None with trials: shifted forbidden
 
     @property
     def measured_shifted(self) -> bool:
@@ -72,26 +102,24 @@ class ScopeResult:
         base: dict[str, Any] = {"task": self.task, "response_contract": self.contract}
         if self.chosen is None:
             return {**base, "allow_shifted": False}
-        return {**base, "shifted_recompute_percent": self.chosen}
+        return {**base, "allow_shifted": True, **plan_settings(self.chosen)}
 
 
-def aggregate(trials: Iterable[Trial], percents: Sequence[int], budget: float) -> list[ScopeResult]:
-    """Per scope, sorted: counts per kind and percent, and the smallest percent within ``budget``."""
+def aggregate(trials: Iterable[Trial], methods: Sequence[str], budget: float) -> list[ScopeResult]:
+    """Per scope, sorted: counts per kind and method, and the first method within ``budget``."""
     if not 0.0 <= budget <= 1.0:
         raise ValueError(f"budget {budget} is not a rate in [0, 1]")
+    for m in methods:
+        plan_settings(m)
     scopes: dict[tuple[str, str], ScopeResult] = {}
     for t in trials:
         s = scopes.setdefault((t.task, t.contract), ScopeResult(t.task, t.contract))
-        cell = s.prefix if t.kind == "prefix" else s.shifted.setdefault(t.percent, Cell())
+        cell = s.prefix if t.kind == "prefix" else s.shifted.setdefault(t.method, Cell())
         cell.n += 1
         cell.regressions += t.regressed
     for s in scopes.values():
         s.chosen = next(
-            (
-                p
-                for p in sorted(percents)
-                if (c := s.shifted.get(p)) is not None and c.n and c.ci95[1] <= budget
-            ),
+            (m for m in methods if (c := s.shifted.get(m)) is not None and c.n and c.ci95[1] <= budget),
             None,
         )
     return [scopes[k] for k in sorted(scopes)]
@@ -142,19 +170,20 @@ def overlay_rego(text: str, source: str, results: Sequence[ScopeResult]) -> str:
     return "".join(lines)
 
 
-def table(results: Sequence[ScopeResult], percents: Sequence[int], budget: float) -> str:
-    """The terminal summary: per scope, prefix trials and shifted regressions per percent."""
-    head = " ".join(f"{f'{p}%':>16}" for p in sorted(percents))
-    out = [f"{'task':<22}{'contract':<16}{'prefix':>10} shifted regressions [95% interval] at {head}  rule"]
+def table(results: Sequence[ScopeResult], methods: Sequence[str], budget: float) -> str:
+    """The terminal summary: per scope, prefix trials and shifted regressions per method."""
+    width = max(16, *(len(m) + 2 for m in methods))
+    head = " ".join(f"{m:>{width}}" for m in methods)
+    out = [f"{'task':<22}{'contract':<16}{'prefix':>10} shifted regressions [95% interval]: {head}  rule"]
     for s in results:
         cells = []
-        for p in sorted(percents):
-            c = s.shifted.get(p)
+        for m in methods:
+            c = s.shifted.get(m)
             if c is None or not c.n:
-                cells.append(f"{'-':>16}")
+                cells.append(f"{'-':>{width}}")
             else:
                 lo, hi = c.ci95
-                cells.append(f"{f'{c.regressions}/{c.n} [{100 * lo:.0f}-{100 * hi:.0f}%]':>16}")
+                cells.append(f"{f'{c.regressions}/{c.n} [{100 * lo:.0f}-{100 * hi:.0f}%]':>{width}}")
         r = s.rule()
         what = (
             "none (no shifted trial)"
@@ -166,6 +195,6 @@ def table(results: Sequence[ScopeResult], percents: Sequence[int], budget: float
             f"{' '.join(cells)}  {what}"
         )
     out.append(
-        f"budget: a percent is kept when its regression rate's 95% upper bound is <= {100 * budget:g}%"
+        f"budget: the first method whose regression rate's 95% upper bound is <= {100 * budget:g}% is kept"
     )
     return "\n".join(out)

@@ -19,13 +19,15 @@ def err(text: str) -> PolicyError:
 
 
 def test_default_policy_is_safe_for_multi_tenant_use() -> None:
-    """The shipped default forbids public donors, sets similarity >= 0.5, allows shifted spans."""
+    """The shipped default forbids public donors, sets similarity >= 0.5, and approves shifted spans
+    nowhere until a quality rule turns them on (the ceiling allows that)."""
     p = load_policy(DEFAULT_POLICY_DIR)
     assert p.ref == "default@1"
     assert p.tenant.allow_public_donors is False
     assert p.namespace.sharing == []
     assert p.similarity.min >= 0.5
-    assert p.token_verification.allow_shifted is True
+    assert p.token_verification.allow_shifted is True and p.quality.allow_shifted is False
+    assert p.quality.rules == []
     assert {"EMAIL_ADDRESS", "PHONE_NUMBER", "US_SSN", "CREDIT_CARD", "IBAN_CODE", "IP_ADDRESS"} <= set(
         p.pii.forbidden_entities
     )

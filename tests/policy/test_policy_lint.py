@@ -71,7 +71,7 @@ def test_rego_settings_of_the_wrong_type_are_refused(
     d = tmp_path / "rego"
     shutil.copytree(REGO, d)
     text = (d / "policy.rego").read_text()
-    text = text.replace("allow_shifted := true", 'allow_shifted := "false"')
+    text = text.replace("\nallow_shifted := true", '\nallow_shifted := "false"')
     text = text.replace("similarity_min := 0.6", 'similarity_min := "0.6"')
     (d / "policy.rego").write_text(text)
     with pytest.raises(PolicyError, match="`allow_shifted` must be a boolean"):

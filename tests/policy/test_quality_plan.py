@@ -44,16 +44,18 @@ def _policy(quality: dict[str, Any]) -> Policy:
     return parse_policy((MIN + "quality: " + json.dumps(quality) + "\n").encode(), "pol.yaml")
 
 
-def test_default_policy_recomputes_five_percent_at_least_sixteen_tokens() -> None:
-    """The shipped default plans 20% of each shifted span (at least 16 tokens), for every task."""
+def test_the_default_policy_turns_shifted_spans_off_and_plans_a_tail_where_turned_on() -> None:
+    """The shipped default: shifted spans off for every task (a rule must turn them on); where they are
+    on, the first 16 and the last 256 tokens of each are computed. The model's own default (a policy
+    that says nothing) keeps shifted spans on with 20% of each head, at least 16 tokens."""
     p = load_policy(DEFAULT_POLICY_DIR)
     plan = p.quality_plan("anything", "at-all")
-    assert plan == QualityPlan(allow_shifted=True, percent=20, min_tokens=16, rule=None)
-    assert [plan.recompute("shifted", n) for n in (8, 50, 320, 1000)] == [8, 16, 64, 200]
-    assert (
-        parse_policy(b"name: p\nversion: '1'\n", "x").quality_plan("a", "b") == plan
-    )  # the model's default too
-    assert plan.recompute("prefix", 1000) == 0
+    assert plan == QualityPlan(allow_shifted=False, percent=0, min_tokens=16, rule=None, tail_tokens=256)
+    assert [plan.recompute("shifted", n) for n in (8, 1000)] == [8, 16]
+    assert [plan.tail("shifted", n) for n in (100, 1000)] == [100, 256] and plan.tail("prefix", 1000) == 0
+    bare = parse_policy(b"name: p\nversion: '1'\n", "x").quality_plan("a", "b")
+    assert bare == QualityPlan(allow_shifted=True, percent=20, min_tokens=16, rule=None)
+    assert [bare.recompute("shifted", n) for n in (8, 50, 320, 1000)] == [8, 16, 64, 200]
 
 
 def test_first_matching_rule_replaces_the_defaults_and_omitted_keys_match_any() -> None:
@@ -115,6 +117,7 @@ def _rego_dir(tmp: Path, quality: dict[str, Any]) -> Path:
         ("shifted_recompute_percent", quality["shifted_recompute_percent"]),
         ("min_recompute_tokens", quality["min_recompute_tokens"]),
         ("shifted_recompute_tail_tokens", quality.get("shifted_recompute_tail_tokens", 0)),
+        ("quality_allow_shifted", quality.get("allow_shifted", True)),
         ("quality_rules", quality["rules"]),
     ):
         old = next(line for line in text.splitlines() if line.startswith(f"{name} := "))
@@ -136,18 +139,44 @@ def _summary(r: EngineResult) -> tuple[Any, ...]:
     return ("allow" if allow else "deny", tuple((g.gate, g.result) for g in r.gates), tuple(r.approved_spans))
 
 
-# A tail planned by default and changed by rules: spans end early, and a span with nothing left to
-# copy is not approved (lengths near head + tail are drawn).
+# Shifted reuse off by default and turned on per scope by rules, with a tail planned by default and
+# changed by rules: spans end early, and a span with nothing left to copy is not approved (lengths
+# near head + tail are drawn).
 TAIL_QUALITY = {
+    "allow_shifted": False,
     "shifted_recompute_percent": 0,
     "min_recompute_tokens": 0,
     "shifted_recompute_tail_tokens": 96,
     "rules": [
         {"task": "extract_financials", "response_contract": "financials", "allow_shifted": False},
-        {"task": "summarize_risks", "shifted_recompute_tail_tokens": 0, "shifted_recompute_percent": 20},
-        {"response_contract": "risks", "min_recompute_tokens": 16, "shifted_recompute_tail_tokens": 200},
+        {
+            "task": "summarize_risks",
+            "allow_shifted": True,
+            "shifted_recompute_tail_tokens": 0,
+            "shifted_recompute_percent": 20,
+        },
+        {
+            "response_contract": "risks",
+            "allow_shifted": True,
+            "min_recompute_tokens": 16,
+            "shifted_recompute_tail_tokens": 200,
+        },
     ],
 }
+
+
+def test_shifted_reuse_off_by_default_and_on_per_scope() -> None:
+    """quality.allow_shifted false: no scope gets shifted reuse but those a rule turns it on for, and
+    never beyond token_verification.allow_shifted (a rule allowing it there is refused)."""
+    p = _policy({"allow_shifted": False, "rules": [{"task": "summarize_risks", "allow_shifted": True}]})
+    assert p.quality_plan("summarize_risks", "any").allow_shifted is True
+    assert p.quality_plan("extract_financials", "any").allow_shifted is False
+    e = _err(
+        MIN
+        + "token_verification: {allow_shifted: false}\n"
+        + "quality: {allow_shifted: false, rules: [{task: a, allow_shifted: true}]}\n"
+    )
+    assert "never allow it" in e.diagnostic()
 
 
 def test_a_tail_ends_shifted_spans_early_and_drops_those_left_empty() -> None:
@@ -161,10 +190,14 @@ def test_a_tail_ends_shifted_spans_early_and_drops_those_left_empty() -> None:
     kr = Keyring.load(EX / "keyring.json")
     sk = load_signing_key(EX / "keys" / "decision-signing-key.pem")
     for quality, n, want in (
-        ({**TAIL_QUALITY, "rules": []}, 300, [(0, 20, 0), (40, 204, 0)]),
-        ({**TAIL_QUALITY, "rules": []}, 96, [(0, 20, 0)]),
-        ({**TAIL_QUALITY, "rules": [], "min_recompute_tokens": 50}, 146, [(0, 20, 0)]),
-        ({**TAIL_QUALITY, "rules": [], "min_recompute_tokens": 50}, 147, [(0, 20, 0), (40, 51, 50)]),
+        ({**TAIL_QUALITY, "rules": [], "allow_shifted": True}, 300, [(0, 20, 0), (40, 204, 0)]),
+        ({**TAIL_QUALITY, "rules": [], "allow_shifted": True}, 96, [(0, 20, 0)]),
+        ({**TAIL_QUALITY, "rules": [], "allow_shifted": True, "min_recompute_tokens": 50}, 146, [(0, 20, 0)]),
+        (
+            {**TAIL_QUALITY, "rules": [], "allow_shifted": True, "min_recompute_tokens": 50},
+            147,
+            [(0, 20, 0), (40, 51, 50)],
+        ),
     ):
         doc = TypeAdapter(PolicyInput).validate_python(deep_merge(_base(), {"facts": {"tokens": {
             "recipient_length": 40 + n,

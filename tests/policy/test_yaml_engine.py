@@ -42,16 +42,26 @@ def test_exact_repeat_is_allowed_with_prefix_spans(evaluator: Evaluator, keys: K
     assert {s["kind"] for s in rec["approved_spans"]} == {"prefix"}
 
 
-def test_shifted_repeat_approves_only_evidence(evaluator: Evaluator, keys: Keys) -> None:
-    """A new leading wrapper shifts evidence; only evidence (not the question) is approved, as shifted, with
-    the default quality plan (60 of its 300 leading tokens recomputed, none of the prefix's)."""
+def test_shifted_repeat_approves_only_evidence(evaluator: Evaluator, keys: Keys, pii_scanner: Any) -> None:
+    """A new leading wrapper shifts evidence: denied by the default (shifted spans off); where quality
+    turns them on, only evidence (not the question) is approved, as shifted, ending 128 tokens early
+    (the default plan's tail, computed before the question), with no head; the prefix whole."""
     recipient = segs(
         ("system", SYSTEM),
         ("instruction", list(range(300, 345))),
         ("evidence", EVIDENCE),
         ("question", QUESTION),
     )
-    rec = decide(evaluator, request([candidate(keys)], prompt=recipient))
+    req = request([candidate(keys)], prompt=recipient)
+    off = decide(evaluator, req)
+    assert off["decision"] == "deny" and failed(off) == ["token_verification"]
+    assert "20/385 tokens approved" in gate(off, "token_verification")["detail"]
+    on = Evaluator(
+        policy_with("quality: {allow_shifted: true, shifted_recompute_percent: 0, min_recompute_tokens: 0, "
+                    "shifted_recompute_tail_tokens: 128}"),
+        keys.keyring, keys.decision, pii_scanner=pii_scanner,
+    )  # fmt: skip
+    rec = decide(on, req)
     assert rec["decision"] == "allow", failed(rec)
     spans = rec["approved_spans"]
     assert spans[0] == {
@@ -64,11 +74,11 @@ def test_shifted_repeat_approves_only_evidence(evaluator: Evaluator, keys: Keys)
     assert spans[1] == {
         "recipient_start": 65,
         "donor_start": 50,
-        "length": 300,
+        "length": 172,
         "kind": "shifted",
-        "recompute": 60,
+        "recompute": 0,
     }
-    assert rec["approved_tokens"] == 320 and rec["schema"] == "semgov.decision/v3"
+    assert rec["approved_tokens"] == 192 and rec["schema"] == "semgov.decision/v3"
 
 
 def test_all_gates_run_even_after_a_failure(evaluator: Evaluator, keys: Keys) -> None:

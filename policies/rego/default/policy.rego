@@ -69,15 +69,20 @@ reusable_roles := {"system", "evidence"}
 # shifted_recompute_tail_tokens (the approved span ends that many tokens early; a
 # span left with nothing to copy is not approved). The first rule whose task id and
 # response contract id match the request (a key left out matches any) replaces
-# these defaults; its allow_shifted false forbids shifted spans in its scope.
+# these defaults; its allow_shifted false forbids shifted spans in its scope, true
+# allows them there when quality_allow_shifted (the default for every other request) is
+# false, never beyond allow_shifted (the ceiling).
 # A rule looks like {"task": "extract_financials", "response_contract": "financials",
 # "allow_shifted": false, "shifted_recompute_percent": 20, "min_recompute_tokens": 32,
 # "shifted_recompute_tail_tokens": 256}.
-shifted_recompute_percent := 20
+# Off by default: see policies/default/policy.yaml (quality) for the evidence.
+quality_allow_shifted := false
+
+shifted_recompute_percent := 0
 
 min_recompute_tokens := 16
 
-shifted_recompute_tail_tokens := 0
+shifted_recompute_tail_tokens := 256
 
 quality_rules := []
 
@@ -416,7 +421,7 @@ quality_rule := quality_rules[matching_rules[0]] if count(matching_rules) > 0 el
 
 shifted_allowed if {
 	allow_shifted == true
-	object.get(quality_rule, "allow_shifted", true) == true
+	object.get(quality_rule, "allow_shifted", quality_allow_shifted) == true
 }
 
 recompute_percent := object.get(quality_rule, "shifted_recompute_percent", shifted_recompute_percent)

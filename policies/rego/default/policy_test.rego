@@ -5,9 +5,9 @@ package semgov.reuse_test
 import data.semgov.reuse
 import rego.v1
 
-# A candidate that passes every gate: 64 prefix tokens (system) plus 100
-# shifted evidence tokens approved, 30 shifted question tokens not approved;
-# 164 of 200 recipient tokens.
+# A candidate that passes every gate: 110 prefix tokens (system) approved; 60
+# shifted evidence tokens (shifted spans are off by default: not approved) and 30
+# shifted question tokens (never approved); 110 of 200 recipient tokens.
 base_input := {
 	"schema": "semgov.policy_input/v1",
 	"now": "2026-11-29T10:00:00Z",
@@ -59,10 +59,10 @@ base_input := {
 		"tokens": {
 			"recipient_length": 200,
 			"donor_length": 210,
-			"common_prefix": 64,
+			"common_prefix": 110,
 			"spans": [
-				span(0, 0, 64, "prefix", "system", "system"),
-				span(64, 74, 100, "shifted", "evidence", "evidence"),
+				span(0, 0, 110, "prefix", "system", "system"),
+				span(110, 120, 60, "shifted", "evidence", "evidence"),
 				span(170, 180, 30, "shifted", "question", "question"),
 			],
 		},
@@ -80,7 +80,7 @@ span(rs, ds, n, kind, rrole, drole) := {
 }
 
 # An approved span with its realization plan: `recompute` leading tokens are computed, not copied
-# (prefix spans 0; shifted spans 20% of the span, at least 16 tokens, at most the span: `quality`).
+# (prefix spans 0; shifted spans: `quality`, where a rule turns them on; none by default).
 approved(rs, ds, n, kind, recompute) := {
 	"recipient_start": rs, "donor_start": ds, "length": n, "kind": kind, "recompute": recompute,
 }
@@ -109,7 +109,30 @@ test_base_allows if {
 
 test_base_approved_spans if {
 	spans := reuse.approved_spans with input as base_input
-	spans == [approved(0, 0, 64, "prefix", 0), approved(64, 74, 100, "shifted", 20)]
+	spans == [approved(0, 0, 110, "prefix", 0)]
+}
+
+# Shifted spans where quality turns them on: the first 16 and the last 256 tokens (before the
+# question) computed, so the approved span ends early and states its head; one the plan leaves
+# nothing of is not approved.
+test_shifted_spans_on_end_early_by_the_tail if {
+	long := with_tokens(500, [
+		span(0, 0, 110, "prefix", "system", "system"),
+		span(110, 120, 300, "shifted", "evidence", "evidence"),
+		span(410, 420, 60, "shifted", "evidence", "evidence"),
+	])
+	spans := reuse.approved_spans with input as long with reuse.quality_allow_shifted as true
+	spans == [approved(0, 0, 110, "prefix", 0), approved(110, 120, 44, "shifted", 16)]
+	ds := reuse.deny with input as long with reuse.quality_allow_shifted as true
+	count(ds) == 0
+}
+
+test_shifted_spans_on_by_a_quality_rule_for_its_task_only if {
+	rules := [{"task": "extract_financials", "allow_shifted": true, "shifted_recompute_tail_tokens": 0, "min_recompute_tokens": 0}]
+	spans := reuse.approved_spans with input as base_input with reuse.quality_rules as rules
+	spans == [approved(0, 0, 110, "prefix", 0), approved(110, 120, 60, "shifted", 0)]
+	other := patched({"request": {"task": {"id": "summarize_risks", "version": "1"}}})
+	reuse.approved_spans == [approved(0, 0, 110, "prefix", 0)] with input as other with reuse.quality_rules as rules
 }
 
 test_deny_entries_are_gate_and_detail if {
@@ -468,10 +491,17 @@ test_shifted_span_length_boundary if {
 		span(0, 7, 31, "shifted", "evidence", "evidence"),
 		span(31, 38, 32, "shifted", "system", "evidence"),
 	])
+		with reuse.quality_allow_shifted as true
+		with reuse.shifted_recompute_tail_tokens as 0
+		with reuse.shifted_recompute_percent as 20
+		with reuse.min_recompute_tokens as 16
 	spans == [approved(31, 38, 32, "shifted", 16)]
 }
 
 test_shifted_spans_not_approved_when_disallowed if {
-	spans := reuse.approved_spans with input as base_input with reuse.allow_shifted as false
-	spans == [approved(0, 0, 64, "prefix", 0)]
+	spans := reuse.approved_spans with input as base_input
+		with reuse.allow_shifted as false
+		with reuse.quality_allow_shifted as true
+		with reuse.shifted_recompute_tail_tokens as 0
+	spans == [approved(0, 0, 110, "prefix", 0)]
 }

@@ -377,7 +377,9 @@ def _defines(eng: Any, rule: str) -> bool:
 # (`allow_shifted := "false"` is a defined, non-false value: shifted spans allowed).
 SETTING_TYPES: dict[str, str] = {
     **dict.fromkeys(
-        ("allow_public_donors", "pii_scan_donor_text", "pii_require_scan", "allow_shifted"), "boolean"
+        ("allow_public_donors", "pii_scan_donor_text", "pii_require_scan", "allow_shifted",
+         "quality_allow_shifted"),
+        "boolean",
     ),
     **dict.fromkeys(("similarity_min", "min_approved_fraction", "pii_min_score"), "number"),
     **dict.fromkeys(

@@ -115,8 +115,8 @@ class QualityRule(_Section):
 
     task: Annotated[str, StringConstraints(min_length=1)] | None = None
     response_contract: Annotated[str, StringConstraints(min_length=1)] | None = None
-    # false: no shifted span is approved in this scope (a rule cannot allow what
-    # token_verification.allow_shifted forbids everywhere).
+    # false: no shifted span is approved in this scope; true: shifted spans are approved here even
+    # when quality.allow_shifted is false (never what token_verification.allow_shifted forbids).
     allow_shifted: bool | None = None
     shifted_recompute_percent: int | None = Field(default=None, ge=0, le=100)
     min_recompute_tokens: int | None = Field(default=None, ge=0)
@@ -130,8 +130,11 @@ class QualitySection(_Section):
     the count per span as ``recompute``, signed) and its last ``shifted_recompute_tail_tokens``
     (the approved span ends that many tokens early: the positions right before what follows it,
     usually the question). A span left with nothing to copy is not approved. The first rule
-    matching the request applies instead of the defaults."""
+    matching the request applies instead of the defaults. ``allow_shifted`` is the default for
+    requests no rule turns shifted reuse on or off for (within ``token_verification.allow_shifted``,
+    the ceiling)."""
 
+    allow_shifted: bool = True
     shifted_recompute_percent: int = Field(default=20, ge=0, le=100)
     min_recompute_tokens: int = Field(default=16, ge=0)
     shifted_recompute_tail_tokens: int = Field(default=0, ge=0)
@@ -231,7 +234,8 @@ class Policy(BaseModel):
             if r.task not in (None, task_id) or r.response_contract not in (None, contract_id):
                 continue
             return QualityPlan(
-                allow_shifted=tv.allow_shifted and r.allow_shifted is not False,
+                allow_shifted=tv.allow_shifted
+                and (q.allow_shifted if r.allow_shifted is None else r.allow_shifted),
                 percent=q.shifted_recompute_percent
                 if r.shifted_recompute_percent is None
                 else r.shifted_recompute_percent,
@@ -244,7 +248,7 @@ class Policy(BaseModel):
                 else r.shifted_recompute_tail_tokens,
             )
         return QualityPlan(
-            tv.allow_shifted, q.shifted_recompute_percent, q.min_recompute_tokens, None,
+            tv.allow_shifted and q.allow_shifted, q.shifted_recompute_percent, q.min_recompute_tokens, None,
             q.shifted_recompute_tail_tokens,
         )  # fmt: skip
 
