@@ -106,3 +106,36 @@ def test_problems_flag_reuse_where_the_cohort_forbids_it() -> None:
     assert len(out) == 2
     assert "realized 800 tokens for a instruction pair" in out[0]
     assert out[1].startswith("e governed: decided")
+
+
+@pytest.mark.sglang_server
+@pytest.mark.model
+def test_the_benchmark_runs_end_to_end_in_a_real_sglang_server(tmp_path: Path) -> None:
+    """One pair per cohort through a real SGLang server with SmolLM2's real weights: the shifted-on
+    governed arm and the similarity arm are realized, deny cohorts are not, the audit log verifies."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "out"
+    args = ["--engine", "sglang", "--model", "smollm2-135m", "--shifted-on", "--pairs", "1"]
+    args += ["--other-pairs", "1", "--deny-pairs", "1", "--tokens", "800", "--max-new-tokens", "8"]
+    args += ["--floor-pairs", "1", "--warmup", "1", "--out", str(out)]
+    run = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "server_quality.py"), *args],
+        cwd=root, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    doc = json.loads((out / "summary.json").read_text())
+    assert doc["problems"] == []
+    cohorts = doc["cohorts"]
+    assert set(cohorts) >= {"shifted", "removed_wrapper", "exact", "question", "instruction", "other_tenant"}
+    wrappers = cohorts["new or removed wrapper"]["arms"]
+    assert wrappers["governed"]["n"] == 2 and wrappers["governed"]["realized_pairs"] >= 1
+    assert wrappers["similarity_only"]["realized_tokens"] > wrappers["governed"]["realized_tokens"]
+    assert cohorts["instruction"]["arms"]["governed"]["realized_tokens"] == 0
+    assert cohorts["other_tenant"]["arms"]["governed"]["realized_tokens"] == 0
+    assert cohorts["shifted"]["cold_cold"] == {"n": 1, "identical": 1}
+    assert (out / "audit").is_dir() and len((out / "pairs.jsonl").read_text().splitlines()) == 8
+    assert "SGLang 0.5.23, smollm2-135m" in run.stdout
