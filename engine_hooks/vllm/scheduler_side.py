@@ -457,10 +457,30 @@ def unloadable_reason(spans: Any, m: int, block_size: int, settings: HookSetting
             f"SEMGOV_SHIFTED_RECOMPUTE_PCT {floor}): vLLM's connector cannot compute tokens before a load; "
             "plan a tail instead (quality.shifted_recompute_tail_tokens)"
         )
+    end, gap_to = _run_end(past, m)
+    if end - m < block_size and gap_to is not None:
+        return (
+            f"the approved run after vLLM's own prefix hit ({m} tokens) ends at position {end}, "
+            f"{gap_to - end} unapproved token(s) before the next approved span at {gap_to} (a junction "
+            f"token that differs from the donor's): {end - m} tokens, less than one {block_size}-token "
+            "block, and vLLM's connector loads only a run that continues the hit"
+        )
     return (
-        f"the approved run after vLLM's own prefix hit ({m} tokens) is shorter than one {block_size}-token "
-        "block, or its tokens differ from the donor's stored prompt"
+        f"the approved run after vLLM's own prefix hit ({m} tokens) is {end - m} tokens long, shorter than "
+        f"one {block_size}-token block, or its tokens differ from the donor's stored prompt"
     )
+
+
+def _run_end(spans: Any, m: int) -> tuple[int, int | None]:
+    """Where the approved run contiguous from ``m`` ends, and where the next approved span starts
+    past that end (None: no span after it)."""
+    end = m
+    for s in sorted(spans, key=lambda s: int(s["recipient_start"])):
+        start = int(s["recipient_start"])
+        if start > end:
+            return end, start
+        end = max(end, start + int(s["length"]))
+    return end, None
 
 
 def seal_blocks(request: Any, first_block: int) -> bool:

@@ -276,3 +276,25 @@ def test_an_allow_the_connector_cannot_load_is_audited_with_why(side: SchedulerS
     assert any("fresh tokens past vLLM's own prefix hit (256 tokens)" in x for x in details.values()), details
     assert any("computes the first 128 tokens" in x and "plan a tail instead" in x for x in details.values())
     assert side.stats["unloadable"] == 2
+
+
+def test_an_unloadable_allow_names_the_junction_token_that_breaks_the_run() -> None:
+    """The spans a real chat prompt gets for a removed wrapper (SmolLM2 in a real vLLM server: the
+    user-turn header is a prefix, one merged newline differs, the evidence follows shifted): the reason
+    names where the run from vLLM's hit ends and where the next span starts, not a guess."""
+    from engine_hooks.vllm.scheduler_side import unloadable_reason
+
+    spans = [
+        {"kind": "prefix", "recipient_start": 0, "donor_start": 0, "length": 37, "recompute": 0},
+        {"kind": "prefix", "recipient_start": 37, "donor_start": 37, "length": 2, "recompute": 0},
+        {"kind": "shifted", "recipient_start": 40, "donor_start": 69, "length": 452, "recompute": 0},
+    ]
+    settings = NS(shifted_recompute_pct=0)
+    why = unloadable_reason(spans, 0, 128, settings)  # type: ignore[arg-type]
+    assert why is not None
+    assert "ends at position 39, 1 unapproved token(s) before the next approved span at 40" in why
+    assert unloadable_reason(spans[:2], 0, 128, settings) == (  # type: ignore[arg-type]
+        "the approved run after vLLM's own prefix hit (0 tokens) is 39 tokens long, shorter than one "
+        "128-token block, or its tokens differ from the donor's stored prompt"
+    )
+    assert unloadable_reason(spans, 512, 128, settings) is None  # type: ignore[arg-type]

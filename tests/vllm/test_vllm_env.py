@@ -118,6 +118,15 @@ except HookConfigError as e:
     print("REFUSED:", e)
 _check_config(N(kv_transfer_config=N(kv_load_failure_policy="recompute")), N(kv_cache_groups=[1]))
 print("ACCEPTED")
+
+from pathlib import Path
+from semgov.facts.pii import PiiScanner
+from semgov.policy.source import load_policy_source, make_engine
+for d in ("policies/rego/default", "policies/default"):
+    make_engine(load_policy_source(Path(d)))
+    print("POLICY-OK", d)
+found = PiiScanner().scan("write to jane.doe@example.com", donor_token_hash="t", min_score=0.5)
+print("PII", sorted(found))
 """
 
 
@@ -147,3 +156,12 @@ def test_a_failing_load_policy_or_a_hybrid_model_is_refused_with_a_clear_message
     assert lines[0].count('"kv_load_failure_policy": "recompute"') == 1 and "'fail'" in lines[0]
     assert "None" in lines[1] and "has 2" in lines[2]
     assert lines[3] == "ACCEPTED"
+
+
+def test_the_shipped_policies_and_the_pii_scan_run_in_vllms_environment(in_vllm: Any) -> None:
+    """vLLM's engine core runs semgov's whole core: both shipped default policies (Rego through
+    embedded regorus, YAML) load and compile there, and Presidio's offline scan finds an email."""
+    out, err = in_vllm
+    assert "POLICY-OK policies/rego/default" in out and "POLICY-OK policies/default" in out, out + err
+    pii = [ln for ln in out.splitlines() if ln.startswith("PII ")]
+    assert len(pii) == 1 and "'EMAIL_ADDRESS'" in pii[0], out + err
