@@ -461,9 +461,9 @@ def unloadable_reason(spans: Any, m: int, block_size: int, settings: HookSetting
     if end - m < block_size and gap_to is not None:
         return (
             f"the approved run after vLLM's own prefix hit ({m} tokens) ends at position {end}, "
-            f"{gap_to - end} unapproved token(s) before the next approved span at {gap_to} (a junction "
-            f"token that differs from the donor's): {end - m} tokens, less than one {block_size}-token "
-            "block, and vLLM's connector loads only a run that continues the hit"
+            f"{gap_to - end} unapproved token(s) before the next approved span at {gap_to} (fresh tokens, "
+            f"or a junction token that differs from the donor's): {end - m} tokens, less than one "
+            f"{block_size}-token block, and vLLM's connector loads only a run that continues the hit"
         )
     return (
         f"the approved run after vLLM's own prefix hit ({m} tokens) is {end - m} tokens long, shorter than "
