@@ -23,6 +23,7 @@ from semgov.audit.frames import FRAME_HEADER, INDEX, SEAL_FLAG
 from semgov.audit.keyring import key_name_for
 from semgov.audit.merkle import leaf_hash
 from semgov.audit.note import NoteError, open_note, unverified_checkpoint
+from semgov.audit.recovery_record import RECOVERY_SCHEMA
 from semgov.signing.canonical import canonicalize_record
 from semgov.wire.models import DECISION_SCHEMAS, ENGINE_EVENT_SCHEMAS, SHADOW_DECISION_SCHEMA
 
@@ -30,6 +31,7 @@ _SIGNED = {
     **dict.fromkeys(DECISION_SCHEMAS, "decision"),
     SHADOW_DECISION_SCHEMA: "shadow decision",
     **dict.fromkeys(ENGINE_EVENT_SCHEMAS, "engine event"),
+    RECOVERY_SCHEMA: "recovery record",
 }  # schema -> what
 # NOTE: the id field, not the schema, keys uniqueness: a v1 and a v2 decision with one id repeat
 # it, and so do a live and a shadow decision (the shadow evaluator draws its own decision ids).
@@ -37,7 +39,11 @@ _ID_FIELD = {
     **dict.fromkeys(DECISION_SCHEMAS, "decision_id"),
     SHADOW_DECISION_SCHEMA: "decision_id",
     **dict.fromkeys(ENGINE_EVENT_SCHEMAS, "event_id"),
+    RECOVERY_SCHEMA: "recovery_id",
 }
+#: The bytes only a record whose top-level schema is a recovery record holds (canonical JSON: a
+#: quote inside a string is escaped), to find them without parsing every record twice.
+_RECOVERY_MEMBER = f'"schema":"{RECOVERY_SCHEMA}"'.encode()
 
 #: (key id, raw Ed25519 public key) of every keyring key, as shipped to a worker; None: structure only.
 WireKeys = tuple[tuple[str, bytes], ...] | None
@@ -156,6 +162,7 @@ class Found:
     id_at: bytes = b""  # record indexes (uint64) holding a decision or event id
     id_hash: bytes = b""  # 8 bytes per id, in the same order
     seals: list[SealSeen] = field(default_factory=list)
+    recoveries: list[int] = field(default_factory=list)  # indexes of verified recovery records
 
 
 class _Keys:
@@ -246,6 +253,8 @@ def check_range(data: bytes, first: int, start: int, wire: WireKeys, expected: s
             if idh is not None:
                 id_at.append(index)
                 id_hashes += idh
+            if why is None and _RECOVERY_MEMBER in payload:
+                out.recoveries.append(index)
         leaves.append(leaf_hash(payload))
         off += hsize + length
         index += 1

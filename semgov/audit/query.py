@@ -16,15 +16,20 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from semgov.audit.recovery_record import RECOVERY_SCHEMA
 from semgov.wire.names import ENGINE_EVENT_SCHEMAS, SHADOW_DECISION_SCHEMA, disagrees
 from semgov.wire.timefmt import parse_rfc3339
 
 ShadowMode = Literal["include", "exclude", "only"]
+# NOTE: a recovery record (semgov.audit_recovery/v1) decides nothing: it is listed and counted as
+# an event of kind audit_recovery, never as a decision.
+_EVENT_SCHEMAS = frozenset((*ENGINE_EVENT_SCHEMAS, RECOVERY_SCHEMA))
 
 
 def is_event(rec: dict[str, Any]) -> bool:
-    """True for an engine event, False for a decision record (live or shadow)."""
-    return rec.get("schema") in ENGINE_EVENT_SCHEMAS
+    """True for an engine event or a recovery record (the log's own event, kind ``audit_recovery``),
+    False for a decision record (live or shadow)."""
+    return rec.get("schema") in _EVENT_SCHEMAS
 
 
 def is_shadow(rec: dict[str, Any]) -> bool:

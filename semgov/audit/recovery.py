@@ -72,6 +72,10 @@ class Recovery:
     )
     quarantine_file: str = ""  # where the tail's bytes were moved, verbatim (empty when nothing was cut)
     untrusted_signers: tuple[str, ...] = ()  # key names of seals in the tail that this writer does not trust
+    cut_seals: int = 0  # seal frames in the tail cut off (of the newest 64 looked at): batches rolled back
+    resumed_from: str = ""  # what vouches for the kept prefix: "seal", "checkpoint" or "start" (empty log)
+    root: bytes = b""  # Merkle root of the kept prefix (of ``size`` records)
+    quarantine_sha256: str = ""  # SHA-256 (hex) of the bytes moved to quarantine_file
 
     @property
     def clean(self) -> bool:
@@ -325,6 +329,7 @@ class _Anchor:
     frontier: Frontier
     seal_offset: int | None  # the last seal frame kept
     untrusted: tuple[str, ...]  # key names of newer seals the writer does not trust
+    kind: str = "seal"  # what it is: "seal", "checkpoint" or "start" (nothing vouches: an empty prefix)
 
 
 def _anchor(directory: Path, walked: _Walked, cp: Checkpoint | None, trust: Trust, origin: str) -> _Anchor:
@@ -356,8 +361,8 @@ def _anchor(directory: Path, walked: _Walked, cp: Checkpoint | None, trust: Trus
         untrusted += names
     if walked.cp_point is not None:
         off, fr, seal = walked.cp_point
-        return _Anchor(off, fr, seal, tuple(dict.fromkeys(untrusted)))
-    return _Anchor(0, Frontier(), None, tuple(dict.fromkeys(untrusted)))
+        return _Anchor(off, fr, seal, tuple(dict.fromkeys(untrusted)), "checkpoint")
+    return _Anchor(0, Frontier(), None, tuple(dict.fromkeys(untrusted)), "start")
 
 
 def _seal_conflict(seen: _Seen, origin: str, trust: Trust) -> str:
@@ -402,8 +407,11 @@ def _refuse_unsealed(directory: Path, walked: _Walked, anchor: _Anchor, durable:
     )
 
 
-def _quarantine(directory: Path, log_fd: int, dir_fd: int, start: int, stop: int, first: int) -> Path:
-    """Copy bytes ``start..stop`` of records.log to ``quarantine/`` (fsynced) before they are cut off."""
+def _quarantine(
+    directory: Path, log_fd: int, dir_fd: int, start: int, stop: int, first: int
+) -> tuple[Path, str]:
+    """Copy bytes ``start..stop`` of records.log to ``quarantine/`` (fsynced) before they are cut off;
+    the file, and the SHA-256 (hex) of the bytes."""
     qdir = directory / QUARANTINE_DIR
     if not qdir.is_dir():
         qdir.mkdir()
@@ -432,7 +440,7 @@ def _quarantine(directory: Path, log_fd: int, dir_fd: int, start: int, stop: int
         os.fsync(qdir_fd)
     finally:
         os.close(qdir_fd)
-    return final
+    return final, digest.hexdigest()
 
 
 def _cut_unproven_tail(
@@ -443,8 +451,9 @@ def _cut_unproven_tail(
     anchor: _Anchor,
     file_size: int,
     durable: int | None,
-) -> Path | None:
-    """Move the bytes after the anchor to quarantine and cut them off; their quarantine file, or None.
+) -> tuple[Path, str] | None:
+    """Move the bytes after the anchor to quarantine and cut them off; their quarantine file and
+    its SHA-256, or None.
 
     Refused (raises :class:`UnsealedRecordsError`, nothing changed) when ``state.json`` says some
     of them were acknowledged durable.
@@ -541,7 +550,7 @@ def _finish(
     dir_fd: int,
     walked: _Walked,
     anchor: _Anchor,
-    quarantine: Path | None,
+    quarantine: tuple[Path, str] | None,
     found: _Found,
     rebuild_reason: str,
 ) -> Opened:
@@ -558,8 +567,12 @@ def _finish(
         torn_reason=walked.bad.reason if truncated and walked.bad is not None else "",
         checkpoint_size=found.floor,
         quarantined_records=walked.frontier.size - size,
-        quarantine_file=str(quarantine) if quarantine is not None else "",
+        quarantine_file=str(quarantine[0]) if quarantine is not None else "",
         untrusted_signers=anchor.untrusted,
+        cut_seals=sum(1 for s in walked.seals if s.offset >= anchor.offset) if truncated else 0,
+        resumed_from=anchor.kind,
+        root=anchor.frontier.root(),
+        quarantine_sha256=quarantine[1] if quarantine is not None else "",
     )
     if not recovery.clean:
         _warn(directory, recovery)

@@ -49,8 +49,10 @@ from semgov.audit.fsio import atomic_replace, open_dir, write_all, write_once
 from semgov.audit.keyring import AuditKeyring, key_name_for
 from semgov.audit.merkle import leaf_hash
 from semgov.audit.note import Checkpoint, sign_checkpoint
+from semgov.audit.origin import ORIGIN_FILE, check_origin, resolve_origin
 from semgov.audit.reader import State
 from semgov.audit.recovery import Opened, Trust, parse_note_unverified, recover
+from semgov.audit.recovery_record import recovery_body, sign_recovery
 from semgov.log import get_logger
 from semgov.signing.keys import SigningKey
 
@@ -179,7 +181,7 @@ class AuditLog:
         directory: Path,
         *,
         signing_key: SigningKey,
-        origin: str,
+        origin: str | None = None,
         checkpoint_every: int = 1000,
         checkpoint_interval: float = 5.0,
         commit_interval: float = 0.0,
@@ -189,7 +191,9 @@ class AuditLog:
     ) -> AuditLog:
         """Open (creating if needed) the log in ``directory`` for writing, recovering a torn tail.
 
-        ``origin`` is the checkpoint origin line (the log's name). ``keyring`` holds the other keys
+        ``origin`` is the checkpoint origin line (the log's name, unique per log, proofs are bound
+        to it); None: the log's own (:mod:`semgov.audit.origin`). A recovery that cuts anything off
+        appends a signed record of it (:mod:`semgov.audit.recovery_record`). ``keyring``: other keys
         whose seals and checkpoints the writer accepts on open (not revoked, valid at the tree
         size): after a key rotation, the previous key. Checkpoints are signed every
         ``checkpoint_every`` records, every ``checkpoint_interval`` seconds when records were
@@ -211,8 +215,8 @@ class AuditLog:
             raise ValueError("checkpoint_every and max_batch must be at least 1")
         if checkpoint_interval <= 0 or commit_interval < 0:
             raise ValueError("checkpoint_interval must be > 0 and commit_interval >= 0")
-        if not origin or "\n" in origin:
-            raise ValueError("origin must be a non-empty single line")
+        if origin is not None:
+            check_origin(origin)
         directory = Path(directory)
         src = str(directory)
         trust = Trust(signing_key, keyring, source=src)
@@ -224,7 +228,7 @@ class AuditLog:
         fds: list[int] = [lock_fd]
         try:
             dir_fd, ckpt_dir_fd, log_fd = _open_files(directory, fds)
-            opened = recover(directory, log_fd, dir_fd, origin=origin, trust=trust, verify=verify)
+            origin, opened = _recover_named(directory, log_fd, dir_fd, origin, trust, verify)
             os.lseek(log_fd, opened.log_bytes, os.SEEK_SET)
         except OSError as e:
             for fd in reversed(fds):
@@ -234,7 +238,7 @@ class AuditLog:
             for fd in reversed(fds):
                 os.close(fd)
             raise
-        return cls(
+        log = cls(
             directory,
             signing_key=signing_key,
             origin=origin,
@@ -248,6 +252,28 @@ class AuditLog:
             log_fd=log_fd,
             opened=opened,
         )
+        log._record_recovery(signing_key)
+        return log
+
+    def _record_recovery(self, signing_key: SigningKey) -> None:
+        """If recovery cut anything off: append the signed record of it and make it durable (module doc
+        of :mod:`semgov.audit.recovery_record`); a log that cannot record it is not opened."""
+        if not self.recovery.truncated_bytes:
+            return
+        body = recovery_body(self.recovery, origin=self.origin)
+        try:
+            self.append(sign_recovery(body, signing_key))
+            self.flush()
+        except BaseException:
+            try:
+                self.close()
+            except AuditWriteError:
+                pass
+            raise
+        get_logger().warning(
+            "audit log recovery recorded", directory=str(self.directory), cause=body["cause"],
+            record=self.recovery.size, recovery_id=body["recovery_id"],
+        )  # fmt: skip
 
     # -- producer API -------------------------------------------------------------------------
 
@@ -487,6 +513,18 @@ class AuditLog:
             self._pending.clear()
         with self._durable_cv:
             self._durable_cv.notify_all()
+
+
+def _recover_named(
+    directory: Path, log_fd: int, dir_fd: int, origin: str | None, trust: Trust, verify: bool
+) -> tuple[str, Opened]:
+    """The log's origin (:func:`~semgov.audit.origin.resolve_origin`) and its recovered state; the
+    ``origin`` file is written once recovery accepted the log under that origin."""
+    origin, write_origin = resolve_origin(directory, log_fd, origin)
+    opened = recover(directory, log_fd, dir_fd, origin=origin, trust=trust, verify=verify)
+    if write_origin:
+        atomic_replace(dir_fd, directory, ORIGIN_FILE, f"{origin}\n".encode())
+    return origin, opened
 
 
 def _open_files(directory: Path, fds: list[int]) -> tuple[int, int, int]:

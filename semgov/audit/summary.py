@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from semgov.audit.query import count_of, disagreement, gates_of, is_event, is_shadow, record_time
+from semgov.audit.recovery_record import RECOVERY_KIND
 
 MAX_CROSS_ROWS = 1000  # cross-boundary reuses listed in the page (all are counted)
 MAX_EVENT_ROWS = 500  # notable engine events listed (all are counted)
@@ -30,6 +31,7 @@ NOTABLE_EVENTS = frozenset(
         "reuse_disabled",
         "shifted_reuse_disabled",
         "policy_load_failed",
+        RECOVERY_KIND,  # the log's own: what a recovery on open cut off (semgov.audit_recovery/v1)
     }
 )
 

@@ -46,6 +46,8 @@ from semgov.audit.merkle import (
     verify_inclusion,
 )
 from semgov.audit.note import Checkpoint, NoteError, open_note, unverified_checkpoint
+from semgov.audit.recovery_record import RECOVERY_SCHEMA
+from semgov.audit.recovery_record import describe as describe_recovery
 from semgov.signing.keys import key_id_for
 from semgov.wire import strictjson
 from semgov.wire.models import DECISION_SCHEMAS, SHADOW_DECISION_SCHEMA
@@ -120,6 +122,8 @@ class Report:
     revoked: dict[str, RevokedImpact] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # (index, one line) of every recovery record (semgov.audit_recovery/v1): what a recovery cut
+    recoveries: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -556,6 +560,20 @@ class LogChecks:
                 Problem(rep.anchored, msg, exact=False, end=rep.records - 1, named=True, secondary=True)
             )
 
+    def recoveries_to_read(self) -> set[int]:
+        """The indexes of the records that may be recovery records (to read for :meth:`add_recoveries`)."""
+        return {i for f in self.found for i in f.recoveries}
+
+    def add_recoveries(self, leaves: dict[int, bytes]) -> None:
+        """Name every recovery record (``leaves``: the records :meth:`recoveries_to_read` named)."""
+        for index in sorted(leaves):
+            try:
+                rec = json.loads(leaves[index])
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(rec, dict) and rec.get("schema") == RECOVERY_SCHEMA:
+                self.rep.recoveries.append((index, describe_recovery(rec)))
+
     def duplicates_to_read(self) -> set[int]:
         """The indexes of the records whose id hash repeats another's (the records to compare)."""
         at = np.frombuffer(b"".join(f.id_at for f in self.found), dtype=np.uint64)
@@ -691,7 +709,20 @@ def read_bundle(data: bytes | str) -> Any:
     return strictjson.loads(data)
 
 
-def verify_bundle(bundle: Any, key: Ed25519PublicKey | AuditKeyring) -> dict[str, Any]:
+def bundle_origin(bundle: Any) -> str | None:
+    """The origin (log name) a bundle's checkpoint names, unverified; None when it has none readable."""
+    note = bundle.get("checkpoint") if isinstance(bundle, dict) else None
+    if not isinstance(note, str):
+        return None
+    try:
+        return unverified_checkpoint(note.encode("utf-8"))[0].origin
+    except (NoteError, UnicodeEncodeError):
+        return None
+
+
+def verify_bundle(
+    bundle: Any, key: Ed25519PublicKey | AuditKeyring, *, origin: str | None = None
+) -> dict[str, Any]:
     """Check a proof bundle without the log; return its record (a decision, or an engine event;
     a hand-made bundle may carry a shadow decision, whose ``schema`` says so).
 
@@ -700,7 +731,10 @@ def verify_bundle(bundle: Any, key: Ed25519PublicKey | AuditKeyring) -> dict[str
     exact type: ``index`` and ``tree_size`` JSON integers in range (not ``4.9``, ``1e400`` or
     ``false``), the proof a list of 64 lower-case hex digits each. ``key``: one public key, or a
     keyring (after a rotation the record and the checkpoint may be signed by different keys;
-    each must be valid where it signs, and not revoked). Raises ProofError.
+    each must be valid where it signs, and not revoked). ``origin``: the log the record must be
+    in (its checkpoints' origin line): a bundle from any other log is refused, however well it
+    verifies; None checks no origin (the caller then says which log it proved, e.g. with
+    :func:`bundle_origin`: ``semgov audit verify-proof`` prints it). Raises ProofError.
     """
     if isinstance(bundle, bytes | str):
         try:
@@ -735,6 +769,11 @@ def verify_bundle(bundle: Any, key: Ed25519PublicKey | AuditKeyring) -> dict[str
     trusted, why_not = _trust_problems(ring, signers, cp.size)
     if not trusted:
         raise ProofError(f"checkpoint rejected: {'; '.join(why_not)}")
+    if origin is not None and cp.origin != origin:
+        raise ProofError(
+            f"checkpoint rejected: it is of log {cp.origin!r}, not the expected {origin!r} "
+            "(a proof from another log)"
+        )
     if cp.size != size:
         raise ProofError(f"bundle says tree size {size}, its checkpoint says {cp.size}")
     verify_inclusion(index, size, leaf_hash(leaf), proof, cp.root)

@@ -76,6 +76,9 @@ def verify_log(
     wanted = v.duplicates_to_read()
     if wanted:
         v.check_duplicates(leaves_at(path, ranges, wanted))
+    recoveries = v.recoveries_to_read()
+    if recoveries:
+        v.add_recoveries(leaves_at(path, ranges, recoveries))
     return v.report()
 
 

@@ -27,6 +27,7 @@ from semgov.audit.query import (
     tally,
 )
 from semgov.audit.reader import decoded_records
+from semgov.audit.recovery_record import RECOVERY_KIND, RECOVERY_SCHEMA
 from semgov.cli.audit_report import add_key_options, register_report, verify_from_args
 from semgov.errors import InputError
 from semgov.wire.names import ENGINE_EVENT_KINDS, ENGINE_EVENT_SCHEMAS, GATE_NAMES, SHADOW_DECISION_SCHEMA
@@ -85,9 +86,17 @@ def register(sub: Any) -> None:
         "verify-proof",
         help="check an offline proof bundle",
         description="Check a bundle from `semgov audit prove`: checkpoint signature, inclusion proof, "
-        "and the decision record's own signature. Exit 1 if anything fails.",
+        "and the decision record's own signature, and that it is from the log you expect (--origin). "
+        "Exit 1 if anything fails.",
     )
     vp.add_argument("bundle", type=Path, metavar="FILE")
+    vp.add_argument(
+        "--origin",
+        metavar="ORIGIN",
+        help="the log the record must be in: its checkpoints' origin line (`semgov audit verify` and "
+        "`prove` print it; the log directory's `origin` file holds it). A bundle from any other log is "
+        "refused. Without it, the bundle's origin is printed for you to compare (ORIGIN NOT CHECKED)",
+    )
     vkeys = vp.add_mutually_exclusive_group(required=True)
     vkeys.add_argument("--pubkey", type=Path, metavar="KEY", help="the one key of the record and checkpoint")
     vkeys.add_argument("--keyring", type=Path, metavar="FILE", help="audit keyring (after a key rotation)")
@@ -175,7 +184,11 @@ def _filters(p: argparse.ArgumentParser) -> None:
         metavar="ID",
         help="the decision, and the engine events and shadow decisions that name it",
     )
-    p.add_argument("--kind", choices=ENGINE_EVENT_KINDS, help="engine events of this kind")
+    p.add_argument(
+        "--kind",
+        choices=(*ENGINE_EVENT_KINDS, RECOVERY_KIND),
+        help="engine events of this kind (audit_recovery: what a recovery of the log cut off)",
+    )
     p.add_argument("--since", metavar="RFC3339", help="evaluated at or after")
     p.add_argument("--until", metavar="RFC3339", help="evaluated before")
     p.add_argument(
@@ -233,9 +246,13 @@ def run_verify(args: argparse.Namespace) -> int:
         print(
             f"latest checkpoint: {cp.origin} size {cp.size} ({rep.checkpoints_checked} checkpoints checked)"
         )
+        print(f"origin: {cp.origin} (check this log's proofs with `semgov audit verify-proof --origin "
+              f"{cp.origin}`)")  # fmt: skip
     by = "" if rep.structure_only else " signed by a trusted key"
     print(f"anchored: {rep.anchored} of {rep.records} records (by a seal or checkpoint{by})")
     _print_keys(rep)
+    for i, what in rep.recoveries:
+        print(f"RECOVERY at record {i}: {what}")
     for n in rep.notes:
         print(f"note: {n}")
     first = rep.first()
@@ -253,7 +270,9 @@ def run_verify(args: argparse.Namespace) -> int:
         )
         return 0
     if first is None:
-        print("OK: every record, seal and checkpoint verifies")
+        n = len(rep.recoveries)
+        recovered = f" ({n} recovery record(s) above)" if n else ""
+        print(f"OK: every record, seal and checkpoint verifies{recovered}")
         return 0
     print(f"FAILED: {first}")
     others = [p for p in rep.problems if p is not first]
@@ -483,6 +502,7 @@ def run_stats(args: argparse.Namespace) -> int:
 
 
 def run_prove(args: argparse.Namespace) -> int:
+    from semgov.audit.verify import bundle_origin
     from semgov.audit.verify_dir import make_bundle
 
     bundle = make_bundle(args.directory, args.decision_id)
@@ -491,15 +511,16 @@ def run_prove(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     else:
         args.out.write_text(text, encoding="utf-8")
-        print(f"wrote {args.out}: record {bundle['index']} of {bundle['tree_size']}, "
-              f"{len(bundle['inclusion_proof'])}-hash inclusion proof")  # fmt: skip
+        print(f"wrote {args.out}: record {bundle['index']} of {bundle['tree_size']} in log "
+              f"{bundle_origin(bundle)!r}, {len(bundle['inclusion_proof'])}-hash inclusion "
+              "proof")  # fmt: skip
     return 0
 
 
 def run_verify_proof(args: argparse.Namespace) -> int:
     from semgov.audit.keyring import AuditKeyring
     from semgov.audit.merkle import ProofError
-    from semgov.audit.verify import read_bundle, verify_bundle
+    from semgov.audit.verify import bundle_origin, read_bundle, verify_bundle
     from semgov.signing.keys import load_public_key
     from semgov.wire.strictjson import StrictJSONError
 
@@ -513,20 +534,33 @@ def run_verify_proof(args: argparse.Namespace) -> int:
     except StrictJSONError as e:  # duplicate keys, NaN, deep nesting, not UTF-8, ...
         raise InputError(f"cannot read proof bundle: {e}", source=str(args.bundle)) from e
     try:
-        rec = verify_bundle(bundle, key)
+        rec = verify_bundle(bundle, key, origin=args.origin)
     except ProofError as e:
         log.get_logger().error(f"{args.bundle}: proof does NOT verify: {e}")
         return 1
+    origin = bundle_origin(bundle)
+    checked = "as expected" if args.origin is not None else "NOT CHECKED"
     where = f"record {bundle['index']} of the log at size {bundle['tree_size']}"
+    where += f", origin {origin!r} ({checked})"
+    _print_proven(rec, where)
+    if args.origin is None:
+        print(f"ORIGIN NOT CHECKED: this proves the record is in log {origin!r}, whichever log that "
+              "is; pass --origin with the origin of the log you mean (a proof from another log "
+              "verifies just as well)")  # fmt: skip
+    return 0
+
+
+def _print_proven(rec: dict[str, Any], where: str) -> None:
+    """The OK line of ``verify-proof``: what the record is, and where it was proved."""
     if rec.get("schema") == SHADOW_DECISION_SCHEMA:
         what = f"{rec.get('decision')}, request {rec.get('request_id')}, donor {rec.get('donor_id')}"
         print(f"OK: SHADOW decision {rec.get('decision_id')} ({what}; never acted on, live decision "
               f"{rec.get('live_decision_id')}: {rec.get('live_decision')}) is {where}")  # fmt: skip
-        return 0
-    if rec.get("schema") in ENGINE_EVENT_SCHEMAS:
+    elif rec.get("schema") in ENGINE_EVENT_SCHEMAS:
         what = f"{rec.get('kind')}, request {rec.get('request_id')}, decision {rec.get('decision_id')}"
         print(f"OK: engine event {rec.get('event_id')} ({what}) is {where}")
-        return 0
-    what = f"{rec.get('decision')}, request {rec.get('request_id')}, donor {rec.get('donor_id')}"
-    print(f"OK: decision {rec.get('decision_id')} ({what}) is {where}")
-    return 0
+    elif rec.get("schema") == RECOVERY_SCHEMA:
+        print(f"OK: RECOVERY record {rec.get('recovery_id')} ({rec.get('cause')}) is {where}")
+    else:
+        what = f"{rec.get('decision')}, request {rec.get('request_id')}, donor {rec.get('donor_id')}"
+        print(f"OK: decision {rec.get('decision_id')} ({what}) is {where}")

@@ -117,6 +117,7 @@ def _verdict(args: argparse.Namespace) -> Any:
         spans = ", ".join(f"{a}..{b - 1}" for a, b in use.records) or "none"
         details.append(f"key {kid}: records {spans}; {use.seals} seals; checkpoints {len(use.checkpoints)}")
     details += [f"revoked key {kid}: nothing it signed is trusted" for kid in sorted(rep.revoked)]
+    details += [f"RECOVERY at record {i}: {what}" for i, what in rep.recoveries]
     details += [f"note: {n}" for n in rep.notes]
     first = rep.first()
     if first is not None:
@@ -134,9 +135,10 @@ def _verdict(args: argparse.Namespace) -> Any:
             "STRUCTURE ONLY: frames, hashes, the tree, seals and checkpoints agree; no signature was checked",
             tuple(details),
         ), 0
+    recovered = f"; {len(rep.recoveries)} RECOVERY record(s): see below" if rep.recoveries else ""
     return Verdict(
         "verified",
-        f"VERIFIED: every record, seal and checkpoint of {args.directory} verifies",
+        f"VERIFIED: every record, seal and checkpoint of {args.directory} verifies{recovered}",
         tuple(details),
     ), 0
 

@@ -244,7 +244,9 @@ def _audit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--audit-origin",
         metavar="NAME",
-        help="the audit log's checkpoint origin line (default: semgov/<signing key id>)",
+        help="the audit log's checkpoint origin line, the name its proofs are bound to, unique per log "
+        "(default: the log's own, from DIR/origin: a random semgov/<hex> written when the log is created; "
+        "a log written before that keeps the origin its checkpoints name)",
     )
     p.add_argument(
         "--audit-keyring",
@@ -276,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
         from semgov.audit.keyring import AuditKeyring
         from semgov.audit.store import AuditLog
 
-        origin = args.audit_origin or f"semgov/{signer.key_id}"
+        origin = args.audit_origin or None  # NOTE: None: the log's own (semgov.audit.origin)
         audit_keyring = AuditKeyring.load(args.audit_keyring) if args.audit_keyring is not None else None
         audit = AuditLog.open(args.audit, signing_key=signer, origin=origin, keyring=audit_keyring)
         ev.sink = AuditSink(audit)

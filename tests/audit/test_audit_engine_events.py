@@ -123,7 +123,7 @@ def test_rehashed_event_edit_fails_its_signature(log: Path) -> None:
 KNOWN = (
     "semgov.decision/v1, semgov.decision/v2, semgov.decision/v3, semgov.shadow_decision/v1, "
     "semgov.engine_event/v1, "
-    "semgov.engine_event/v2"
+    "semgov.engine_event/v2, semgov.audit_recovery/v1"
 )
 
 

@@ -103,14 +103,15 @@ def test_writer_moves_replayed_records_aside_and_never_signs_them(log: Path) -> 
     n, tail = _replay(log)
     with AuditLog.open(log, signing_key=KEY, origin=ORIGIN) as w:
         recovery = w.recovery
-        assert w.size == n
-    assert _checkpoint_size(log) == n
-    assert (log / LOG_FILE).read_bytes() == before
+        assert recovery.size == n and w.size == n + 1  # record n: the signed record of the recovery
+    assert _checkpoint_size(log) == n + 1
+    assert (log / LOG_FILE).read_bytes().startswith(before)
     assert recovery.quarantined_records == 2 and recovery.truncated_bytes == len(tail)
     assert Path(recovery.quarantine_file).read_bytes() == tail
     assert Path(recovery.quarantine_file).parent == log / "quarantine"
     rep = verify_log(log, public_key=PUB, kept_checkpoint=kept, workers=1)
     assert rep.ok, rep.problems
+    assert [i for i, _ in rep.recoveries] == [n] and "unsealed_frames" in rep.recoveries[0][1]
 
 
 def test_writer_refuses_replays_that_state_json_calls_durable(log: Path) -> None:
@@ -196,11 +197,12 @@ def test_a_crash_tail_stays_recoverable_in_quarantine(
     monkeypatch.undo()
     torn = (tmp_path / LOG_FILE).read_bytes()[len(sealed) :]
     with AuditLog.open(tmp_path, signing_key=KEY, origin=ORIGIN) as again:
-        assert again.size == 3
+        assert again.recovery.size == 3 and again.size == 4
         rec = again.recovery
     assert rec.truncated_bytes == len(torn) and rec.quarantined_records >= 1
     assert Path(rec.quarantine_file).read_bytes() == torn
-    assert [r for _, r in iter_records(tmp_path)] == [b"record %d" % i for i in range(3)]
+    got = [r for _, r in iter_records(tmp_path)]
+    assert got[:3] == [b"record %d" % i for i in range(3)] and b"semgov.audit_recovery/v1" in got[3]
 
 
 def test_stats_says_how_many_records_are_not_sealed(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -221,8 +223,9 @@ def test_state_json_of_an_empty_log_cannot_hide_appended_frames(tmp_path: Path, 
         AuditLog.open(tmp_path, signing_key=KEY, origin=ORIGIN)
     (tmp_path / STATE_FILE).unlink()
     with AuditLog.open(tmp_path, signing_key=KEY, origin=ORIGIN) as w:
-        assert w.size == 0 and w.recovery.quarantined_records == 2
-    assert (tmp_path / LOG_FILE).read_bytes() == b""
+        assert w.recovery.size == 0 and w.recovery.quarantined_records == 2
+        assert w.size == 1  # the recovery's own record
+    assert not (tmp_path / LOG_FILE).read_bytes().startswith(frames[:100])
 
 
 def _state_size(d: Path) -> int | None:

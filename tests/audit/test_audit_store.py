@@ -80,6 +80,13 @@ def leaves(d: Path) -> list[bytes]:
     return [merkle.leaf_hash(r) for _, r in iter_records(d)]
 
 
+def recovery_at(d: Path, index: int) -> dict[str, Any]:
+    """The recovery record (``semgov.audit_recovery/v1``) a recovery appended as record ``index``."""
+    got = json.loads(dict(iter_records(d))[index])
+    assert got["schema"] == "semgov.audit_recovery/v1" and got["key_id"] == KEY.key_id
+    return dict(got)
+
+
 def checkpoint_of(note: bytes | None) -> tuple[int, bytes]:
     assert note is not None
     cp = open_checkpoint(note, key_name_for(KEY.key_id), KEY.public_key)
@@ -156,11 +163,14 @@ def test_torn_tail_truncated_on_open(tmp_path: Path, cut: int) -> None:
         list(iter_records(tmp_path))
     assert exc.value.index == 5 and exc.value.offset == len(before) and exc.value.tail_bytes == cut
     with open_log(tmp_path) as log:
-        assert log.size == 5
+        assert log.recovery.size == 5 and log.size == 6  # record 5: the recovery's own record
         assert log.recovery.truncated_bytes == cut and log.recovery.truncated_at == len(before)
-        assert log_path.read_bytes() == before
-        assert log.append(rec(5)).index == 5
-    assert list(iter_records(tmp_path)) == [(i, rec(i)) for i in range(6)]
+        assert log_path.read_bytes().startswith(before)
+        assert log.append(rec(5)).index == 6
+    got = [r for _, r in iter_records(tmp_path)]
+    assert got[:5] + got[6:] == [rec(i) for i in range(6)]
+    cutoff = recovery_at(tmp_path, 5)
+    assert cutoff["cause"] == "torn_write" and cutoff["cut"]["bytes"] == cut
 
 
 def test_torn_tail_without_state_json(tmp_path: Path) -> None:
@@ -173,10 +183,11 @@ def test_torn_tail_without_state_json(tmp_path: Path) -> None:
         with (d / "records.log").open("ab") as f:
             f.write(tail)
         with open_log(d) as log:
-            assert log.size == 3 and log.recovery.rebuilt
+            assert log.recovery.size == 3 and log.size == 4 and log.recovery.rebuilt
             assert log.recovery.truncated_bytes == len(tail)
             assert Path(log.recovery.quarantine_file).read_bytes() == tail
-        assert [i for i, _ in iter_records(d)] == [0, 1, 2]
+        assert [i for i, _ in iter_records(d)] == [0, 1, 2, 3]
+        assert recovery_at(d, 3)["cut"]["bytes"] == len(tail)
 
 
 def test_hole_in_last_batch_after_durable_point_is_torn(tmp_path: Path) -> None:
@@ -187,7 +198,7 @@ def test_hole_in_last_batch_after_durable_point_is_torn(tmp_path: Path) -> None:
     hole = b"\0" * len(frame(3, rec(3)))  # a page that never reached the disk
     log_path.write_bytes(before + hole + frame(4, rec(4)))
     with open_log(tmp_path) as log:
-        assert log.size == 3 and log.recovery.truncated_bytes == len(hole) + len(frame(4, rec(4)))
+        assert log.recovery.size == 3 and log.recovery.truncated_bytes == len(hole) + len(frame(4, rec(4)))
     assert log_path.read_bytes().startswith(before)
 
 
@@ -386,11 +397,12 @@ def test_writer_failure_is_loud_and_keeps_durable_records(
     with open_log(tmp_path) as again:  # the lock was released
         assert again.size >= 3
         if where == "partial_write":  # whole frames of the half are unsealed: moved to quarantine, not kept
-            assert again.size == 3 and again.recovery.truncated_bytes > 0
+            assert again.recovery.size == 3 and again.recovery.truncated_bytes > 0
+            assert again.size == 4 and recovery_at(tmp_path, 3)["cause"] == "unsealed_frames"
             assert Path(again.recovery.quarantine_file).is_file()
     got = list(iter_records(tmp_path))
     assert got[:3] == [(i, rec(i)) for i in range(3)]
-    assert all(r == rec(i) for i, r in got)
+    assert all(r == rec(i) or b"semgov.audit_recovery/v1" in r for i, r in got)
 
 
 def test_key_name_follows_c2sp_rules() -> None:
@@ -475,8 +487,10 @@ def _check_after_crash(d: Path, acked: list[int], seen_notes: set[int]) -> Recov
         recovery = log.recovery
         got = list(iter_records(d))  # a reader alongside the writer: no torn tail any more
         assert [i for i, _ in got] == list(range(size))
-        for i, r in got:
-            assert r == rec(i), f"record {i} differs"
+        for i, r in got:  # a recovery that cut a torn tail left its signed record
+            assert r == rec(i) or b'"schema":"semgov.audit_recovery/v1"' in r, f"record {i} differs"
+        if recovery.truncated_bytes:
+            assert recovery_at(d, recovery.size)["cut"]["bytes"] == recovery.truncated_bytes
         missing = [i for i in acked if i >= size]
         assert not missing, f"acknowledged records lost: {missing[:5]}... (log has {size})"
         frontier = merkle.Frontier()
@@ -656,5 +670,5 @@ def test_torn_tail_still_cut_after_index_check(tmp_path: Path) -> None:
     with (tmp_path / "records.log").open("ab") as f:
         f.write(frame(3, rec(3))[:20])
     with open_log(tmp_path) as log:
-        assert log.size == 3 and log.recovery.truncated_bytes == 20
-    assert (tmp_path / "records.log").read_bytes() == before
+        assert log.recovery.size == 3 and log.recovery.truncated_bytes == 20
+    assert (tmp_path / "records.log").read_bytes().startswith(before)
