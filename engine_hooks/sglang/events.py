@@ -64,12 +64,15 @@ def sign_event_job(job: EventJob, engine_name: str, key: SigningKey) -> SignedEv
 
 
 def open_audit_log(settings: HookSettings, signing_key: SigningKey) -> AuditLog:
-    """The hook's audit log (``SEMGOV_AUDIT_DIR``, checkpoints signed with the hook's key)."""
+    """The hook's audit log (``SEMGOV_AUDIT_DIR``, checkpoints signed with the hook's key, origin
+    ``SEMGOV_AUDIT_ORIGIN`` or the log's own: unique per log, no longer one constant for every hook)."""
     try:
         audit_keyring = AuditKeyring.load(settings.audit_keyring) if settings.audit_keyring else None
         return AuditLog.open(
-            settings.audit_dir, signing_key=signing_key, origin="semgov-hook", keyring=audit_keyring
+            settings.audit_dir, signing_key=signing_key, origin=settings.audit_origin, keyring=audit_keyring
         )
+    except ValueError as e:
+        raise HookConfigError(f"SEMGOV_AUDIT_ORIGIN={settings.audit_origin!r}: {e}") from e
     except (OSError, SemgovError) as e:
         raise HookConfigError(f"SEMGOV_AUDIT_DIR={settings.audit_dir}: cannot open the audit log: {e}") from e
 

@@ -79,6 +79,9 @@ class HookSettings:
     audit_keyring: Path | None = None
     """Audit keyring (docs/formats.md) of other keys whose seals and checkpoints the audit log may end in:
     after rotating ``SEMGOV_SIGNING_KEY``, the previous key (docs/operations.md)."""
+    audit_origin: str | None = None
+    """The audit log's origin, the name its checkpoints and proofs carry (``SEMGOV_AUDIT_ORIGIN``);
+    unset: the log's own, unique per log directory (:mod:`semgov.audit.origin`)."""
     context_key_previous: Path | None = None
     """The gateway's previous HMAC key, accepted for context tokens during a key rotation's grace period
     (scopes and tree keys are always derived from ``SEMGOV_CONTEXT_KEY``)."""
@@ -147,6 +150,7 @@ class HookSettings:
             min_region_tokens=e.integer("SEMGOV_MIN_REGION_TOKENS", 64, 1, 1 << 24),
             shifted_recompute_pct=e.integer("SEMGOV_SHIFTED_RECOMPUTE_PCT", 0, 0, 100),
             audit_keyring=e.optional_path("SEMGOV_AUDIT_KEYRING"),
+            audit_origin=e.text("SEMGOV_AUDIT_ORIGIN") or None,
             context_key_previous=e.optional_path("SEMGOV_CONTEXT_KEY_PREVIOUS"),
             canary_rate=e.share("SEMGOV_CANARY_RATE"),
             canary_tokens=e.integer("SEMGOV_CANARY_TOKENS", 16, 1, 4096),
