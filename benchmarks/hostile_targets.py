@@ -946,7 +946,9 @@ def judge_yaml_text(data: bytes) -> tuple[Any, list[str]]:
             loader.dispose()
     except (yaml.YAMLError, RecursionError, ValueError) as e:
         return None, [f"not YAML ({type(e).__name__})"]
-    return value, loader.problems + judge_policy_yaml(value)
+    lines = [x for x in text.splitlines() if x.strip() and not x.strip().startswith("#")]
+    unended = [] if lines and re.fullmatch(r"\.\.\.([ \t]+#.*)?[ \t]*", lines[-1]) else ["no end marker"]
+    return value, loader.problems + judge_policy_yaml(value) + unended
 
 
 YAML_SNIPPETS = (
@@ -1021,7 +1023,7 @@ class YamlPolicyTarget(Target):
             b"task:\n  compatible_groups: [[extract_financials@1, extract_financials@2]]\n"
         )
         # `namespace` and `task` appear twice in `extra` if base has them: keep only valid seeds.
-        out = [base, gpu, b"name: minimal\nversion: '1'\n"]
+        out = [base, gpu, b"name: minimal\nversion: '1'\n...\n"]
         if not judge_yaml_text(extra)[1]:
             out.append(extra)
         return out
@@ -1036,10 +1038,13 @@ class YamlPolicyTarget(Target):
             tree, _ = mutate_json(ch, yaml.safe_load(seed))
             try:
                 if ch.chance(0.5):
-                    return yaml.safe_dump(tree, allow_unicode=ch.chance(0.5)).encode("utf-8", "surrogatepass")
+                    dumped = yaml.safe_dump(tree, allow_unicode=ch.chance(0.5), explicit_end=True)
+                    return dumped.encode("utf-8", "surrogatepass")
             except yaml.YAMLError:
                 pass
-            return encode(dumps(tree, compact=False))  # JSON is (nearly) YAML: Raw and Dup nodes too
+            return encode(
+                dumps(tree, compact=False) + "\n...\n"
+            )  # JSON is (nearly) YAML: Raw and Dup nodes too
         if k <= 7:
             text = seed.decode()
             for _ in range(ch.int(1, 2)):

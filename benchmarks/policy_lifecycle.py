@@ -84,6 +84,7 @@ def files(work: Path) -> dict[str, str]:
         "SEMGOV_TRUST": str(trust),
         "SEMGOV_SIGNING_KEY": str(priv),
         "SEMGOV_CONTEXT_KEY": str(work / "context.key"),
+        "SEMGOV_CONTEXT_AUDIENCE": "semgov-bench",
         "SEMGOV_DETOKENIZER": DETOK,
         "SEMGOV_DECISION_PROCESS": "0",
         "SEMGOV_ASYNC_REGISTRATION": "1",
@@ -194,10 +195,11 @@ def main() -> int:
         env = files(work)
         arms: dict[str, dict[str, str]] = {
             "plain": {},
-            "capture": {"SEMGOV_CAPTURE_DIR": str(work / "capture")},
+            "capture": {"SEMGOV_CAPTURE_DIR": str(work / "capture"), "SEMGOV_CAPTURE_RATE": "1"},
             "shadow": {"SEMGOV_SHADOW_POLICY": str(work / "stricter")},
             "both": {
                 "SEMGOV_CAPTURE_DIR": str(work / "capture-both"),
+                "SEMGOV_CAPTURE_RATE": "1",
                 "SEMGOV_SHADOW_POLICY": str(work / "stricter"),
             },
         }

@@ -178,7 +178,7 @@ def policy_with(text: str) -> Policy:
 
     base = yaml.safe_load((DEFAULT_POLICY_DIR / "policy.yaml").read_text())
     base.update(yaml.safe_load(text))
-    return parse_policy(yaml.safe_dump(base).encode(), "<test policy>")
+    return parse_policy(yaml.safe_dump(base, explicit_end=True).encode(), "<test policy>")
 
 
 def deep(d: dict[str, Any]) -> dict[str, Any]:

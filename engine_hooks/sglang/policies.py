@@ -36,6 +36,7 @@ from typing import Literal
 from engine_hooks.sglang.context import RequestContext
 from engine_hooks.sglang.donors import DonorEntry, prompt_of
 from engine_hooks.sglang.metrics import HookMetrics
+from engine_hooks.sglang.reload import fingerprint
 from engine_hooks.sglang.settings import HookConfigError, HookSettings
 from semgov.decide import Evaluator
 from semgov.errors import SemgovError
@@ -52,9 +53,18 @@ from semgov.wire.models import CAPTURED_REQUEST_SCHEMA, Candidate, CapturedReque
 Role = Literal["live", "shadow"]
 
 
-def load_trust(settings: HookSettings, own: SigningKey) -> Keyring:
-    """The keyring decisions are verified with: it must hold the hook's own key."""
-    keyring = Keyring.load(settings.trust)
+def read_trust(settings: HookSettings) -> tuple[bytes, str]:
+    """The keyring file's bytes and their digest, read once (the digest an outcome audits is that
+    of the bytes the keyring in force was parsed from, never of a later or earlier read)."""
+    raw = _read_bytes(settings.trust)
+    return raw, "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def load_trust(settings: HookSettings, own: SigningKey, raw: bytes | None = None) -> Keyring:
+    """The keyring decisions are verified with (parsed from ``raw``, or read): it must hold the
+    hook's own key."""
+    raw = _read_bytes(settings.trust) if raw is None else raw
+    keyring = Keyring.parse(raw, str(settings.trust))
     if keyring.get(own.key_id) is None:
         raise HookConfigError(
             f"SEMGOV_TRUST={settings.trust} does not hold the hook's own key {own.key_id} "
@@ -63,9 +73,9 @@ def load_trust(settings: HookSettings, own: SigningKey) -> Keyring:
     return keyring
 
 
-def _file_digest(path: Path) -> str:
+def _read_bytes(path: Path) -> bytes:
     try:
-        return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+        return path.read_bytes()
     except OSError as e:
         raise HookConfigError(f"{path}: cannot read ({e.strerror})") from e
 
@@ -78,6 +88,7 @@ class LoadedPolicy:
     path: Path
     source: PolicySource
     evaluator: Evaluator
+    keyring_digest: str  # digest of the keyring file bytes its evaluator's keyring was parsed from
 
     @property
     def version(self) -> str:
@@ -179,21 +190,35 @@ class HookPolicies:
         self.capture = capture
         self.metrics = metrics
         self.rng = rng or random.Random()
-        self.keyring_digest = _file_digest(settings.trust)
-        keyring = load_trust(settings, key)
-        self.live = self._load("live", settings.policy, keyring, None)
+        raw, digest = read_trust(settings)
+        keyring = load_trust(settings, key, raw)
+        self.live = self._load("live", settings.policy, (keyring, digest), None)
         self.shadow: LoadedPolicy | None = None
         if settings.shadow_policy is not None:
             try:
                 self.shadow = self._load(
-                    "shadow", settings.shadow_policy, keyring, self.live.evaluator.ctx.pii_scanner
+                    "shadow", settings.shadow_policy, (keyring, digest), self.live.evaluator.ctx.pii_scanner
                 )
             except SemgovError as e:
                 raise HookConfigError(f"SEMGOV_SHADOW_POLICY={settings.shadow_policy}: {e}") from e
 
-    def _load(self, role: Role, path: Path, keyring: Keyring, scanner: PiiScanner | None) -> LoadedPolicy:
-        """Load one policy and build its evaluator (raises what loading raises)."""
-        source = load_policy_source(path)
+    @property
+    def keyring_digest(self) -> str:
+        """Digest of the keyring the live policy decides with."""
+        return self.live.keyring_digest
+
+    def _load(
+        self,
+        role: Role,
+        path: Path,
+        trust: tuple[Keyring, str],
+        scanner: PiiScanner | None,
+        source: PolicySource | None = None,
+    ) -> LoadedPolicy:
+        """Load one policy (unless ``source`` is it, loaded) and build its evaluator with the keyring
+        ``trust`` (and its digest); raises what loading raises."""
+        source = load_policy_source(path) if source is None else source
+        keyring, digest = trust
         engine = self.settings.engine if role == "live" else None
         evaluator = Evaluator(
             source,
@@ -203,7 +228,7 @@ class HookPolicies:
             engine_timeout=self.settings.decision_timeout_ms / 1000,
             pii_scanner=scanner,
         )
-        return LoadedPolicy(role, path, source, evaluator)
+        return LoadedPolicy(role, path, source, evaluator, digest)
 
     # ---- deciding ----------------------------------------------------------------------------
 
@@ -261,38 +286,47 @@ class HookPolicies:
         """Read the keyring and the policies again; replace each that loads and changed.
 
         Returns an outcome for each policy that changed (new revision, or a new keyring) or failed
-        to load; nothing when the files say what is already in force.
+        to load; nothing when the files say what is already in force. The keyring is read once and
+        its digest taken of those bytes; each policy keeps the digest of the keyring its evaluator
+        holds, so an outcome never names a keyring that is not in force (a policy that fails to
+        load keeps its old keyring and digest, and takes the new keyring at the next reload).
         """
         try:
-            digest = _file_digest(self.settings.trust)
-            keyring = load_trust(self.settings, self.key) if digest != self.keyring_digest else None
+            raw, digest = read_trust(self.settings)
+            stale = [p for p in (self.live, self.shadow) if p is not None and p.keyring_digest != digest]
+            keyring = load_trust(self.settings, self.key, raw) if stale else None
         except (OSError, SemgovError, ValueError) as e:
             why = f"keyring {self.settings.trust}: {e}"
             return [self._failed(p, why) for p in (self.live, self.shadow) if p is not None]
-        if keyring is not None:
-            self.keyring_digest = digest
         out = []
         for current in (self.live, self.shadow):
             if current is None:
                 continue
-            outcome = self._reload_one(current, keyring)
+            fresh = (keyring, digest) if keyring is not None and current.keyring_digest != digest else None
+            outcome = self._reload_one(current, fresh)
             if outcome is not None:
                 out.append(outcome)
         return out
 
-    def _reload_one(self, current: LoadedPolicy, keyring: Keyring | None) -> ReloadOutcome | None:
-        """Reload one policy (with the new keyring, if there is one); None when nothing changed."""
+    def _reload_one(self, current: LoadedPolicy, fresh: tuple[Keyring, str] | None) -> ReloadOutcome | None:
+        """Reload one policy (with the new keyring and its digest, if there is one); None when
+        nothing changed. Files that change while they are read are not installed (the watcher
+        asks again once they settle)."""
+        before = fingerprint([current.path])
         try:
             source = load_policy_source(current.path)
         except (OSError, SemgovError, ValueError) as e:
             return self._failed(current, f"{current.path}: {e}")
-        if source.revision == current.revision and keyring is None:
+        if source.revision == current.revision and fresh is None:
             return None  # NOTE: the same bytes: nothing to do, nothing to audit
         scanner = self.live.evaluator.ctx.pii_scanner
+        trust = fresh or (current.evaluator.ctx.keyring, current.keyring_digest)
         try:
-            new = self._load(current.role, current.path, keyring or current.evaluator.ctx.keyring, scanner)
+            new = self._load(current.role, current.path, trust, scanner, source)
         except Exception as e:  # noqa: BLE001 - a policy that cannot be built keeps the old one
             return self._failed(current, f"{current.path}: {type(e).__name__}: {e}")
+        if fingerprint([current.path]) != before:
+            return self._failed(current, f"{current.path}: changed while it was read (not installed)")
         if current.role == "live":
             self.live = new
         else:
@@ -304,7 +338,7 @@ class HookPolicies:
             new.revision,
             current.version,
             current.revision,
-            self.keyring_digest,
+            new.keyring_digest,
         )
 
     def _failed(self, current: LoadedPolicy, why: str) -> ReloadOutcome:
@@ -321,7 +355,7 @@ class HookPolicies:
             current.revision,
             current.version,
             current.revision,
-            self.keyring_digest,
+            current.keyring_digest,
             why,
         )
 
@@ -335,6 +369,8 @@ def open_capture(settings: HookSettings) -> CaptureWriter | None:
             settings.capture_dir,
             max_file_bytes=settings.capture_max_mb << 20,
             keep_text=settings.capture_text,
+            max_total_bytes=settings.capture_max_total_mb << 20,
+            max_age_s=settings.capture_max_age_h * 3600.0,
         )
-    except (OSError, SemgovError) as e:
+    except (OSError, SemgovError, ValueError) as e:
         raise HookConfigError(f"SEMGOV_CAPTURE_DIR={settings.capture_dir}: {e}") from e

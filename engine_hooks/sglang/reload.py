@@ -1,22 +1,27 @@
-"""When the hook reloads its policies: on SIGHUP, or when a watched file changes.
+"""When the hook reloads its policies: on SIGHUP, or when a watched file changes and then settles.
 
-:class:`ReloadWatcher` polls the files the hook decides with (the live and shadow policy, a file
-or every file under a directory, and the trust keyring) every ``SEMGOV_RELOAD_POLL_MS`` on its
-own thread (``semgov-reload``) and calls ``request`` when their stat fingerprint changes;
-:func:`install_sighup` makes ``SIGHUP`` do the same. ``request`` only queues a reload job for the
+:class:`ReloadWatcher` polls the files the hook decides with (the live and shadow policy: a file, or
+the ``policy.yaml`` and ``*.rego`` files of a directory, never hidden entries or temporary copies,
+:mod:`semgov.policy.files`; and the trust keyring) every ``SEMGOV_RELOAD_POLL_MS`` on its own
+thread (``semgov-reload``). Their fingerprint is the content hash of every file read. It calls
+``request`` only once a new fingerprint is *stable*: the same at two consecutive polls, so a copy
+still being written (its hash changes from one poll to the next) is never asked for.
+:func:`install_sighup` makes ``SIGHUP`` ask too. ``request`` only queues a reload job for the
 decision thread (:meth:`engine_hooks.sglang.governor.Governor.request_reload`), which runs it
-between two decisions: the scheduler thread never loads a policy.
+between two decisions: the scheduler thread never loads a policy. The reload itself
+(:meth:`engine_hooks.sglang.policies.HookPolicies.reload`) reads the fingerprint again before and
+after loading and installs nothing that changed while it was read.
 
-NOTE: a changed fingerprint only asks; what is reloaded is decided by content (revision and
-keyring digest), so a touched file or a half-written one costs a load attempt, never a wrong
-policy: a file that does not load leaves the old policy deciding (audited), and the watcher asks
-again at the next change. Write policies atomically (a new file renamed over the old one) so the
-watcher never sees half of one.
+NOTE: stability is a heuristic (a writer may pause longer than a poll): what makes a partly
+written file harmless is that it does not load. A YAML policy must end with the document end
+marker ``...`` (:mod:`semgov.policy.yaml.model`) and a keyring is one JSON object, so a
+truncated copy of either is refused (audited, the old one keeps deciding). Deploy by writing a new
+file and renaming it over the old one (docs/operations.md "Deploying a policy").
 """
 
 from __future__ import annotations
 
-import os
+import hashlib
 import signal
 import threading
 from collections.abc import Callable, Iterable
@@ -24,52 +29,56 @@ from pathlib import Path
 from types import FrameType
 
 from semgov.log import describe_error, get_logger
+from semgov.policy.files import policy_paths
 
-Fingerprint = tuple[tuple[str, int, int, int], ...]
+Fingerprint = tuple[tuple[str, str], ...]
 
-_MAX_FILES = 10_000  # NOTE: a policy directory is a handful of files; bound the walk anyway
+_CHUNK = 1 << 20
+
+
+def _content_hash(path: Path) -> str:
+    """``sha256:<hex>`` of the file's bytes, or ``missing`` / ``unreadable: <why>``."""
+    try:
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+        return "sha256:" + h.hexdigest()
+    except FileNotFoundError:
+        return "missing"
+    except OSError as e:
+        return f"unreadable: {e.strerror or e}"
 
 
 def fingerprint(paths: Iterable[Path]) -> Fingerprint:
-    """``(path, mtime_ns, size, inode)`` of every file at or under ``paths`` (missing: ``-1``s)."""
-    out: list[tuple[str, int, int, int]] = []
-    for root in paths:
-        files = [root]
-        if root.is_dir():
-            files = []
-            for dirpath, dirnames, names in os.walk(root):
-                dirnames.sort()
-                files += [Path(dirpath) / n for n in sorted(names)]
-                if len(files) > _MAX_FILES:
-                    break
-        for f in files[:_MAX_FILES]:
-            try:
-                st = f.stat()
-                out.append((str(f), st.st_mtime_ns, st.st_size, st.st_ino))
-            except OSError:
-                out.append((str(f), -1, -1, -1))
-    return tuple(out)
+    """``(path, content hash)`` of every file loading ``paths`` reads
+    (:func:`semgov.policy.files.policy_paths`: hidden entries and temporary copies never count)."""
+    return tuple((str(f), _content_hash(f)) for root in paths for f in policy_paths(root))
 
 
 class ReloadWatcher:
-    """Polls ``paths`` every ``poll_s`` seconds; calls ``request(reason)`` when they change."""
+    """Polls ``paths`` every ``poll_s`` seconds; calls ``request(reason)`` once they changed and
+    then read the same at two consecutive polls."""
 
     def __init__(self, paths: Iterable[Path], poll_s: float, request: Callable[[str], None]) -> None:
         self.paths = tuple(paths)
         self.poll_s = poll_s
         self.request = request
         self.changes = 0
-        self._last = fingerprint(self.paths)
+        self._last = fingerprint(self.paths)  # what the last poll saw
+        self._asked = self._last  # what the last request (or the start) was for
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="semgov-reload", daemon=True)
         self._thread.start()
 
     def check(self) -> bool:
-        """Compare the files with the last look; ask for a reload when they differ."""
+        """Look at the files; ask for a reload when they differ from what was last asked for and
+        are what the previous look saw (stable across two polls)."""
         now = fingerprint(self.paths)
-        if now == self._last:
+        settled, self._last = now == self._last, now
+        if not settled or now == self._asked:
             return False
-        self._last = now
+        self._asked = now
         self.changes += 1
         self.request("file changed")
         return True

@@ -104,13 +104,19 @@ class HookSettings:
     and audited as ``semgov.shadow_decision/v1`` records and never acted on (docs/policy.md)."""
     capture_dir: Path | None = None
     """Where decided requests are captured (``semgov.captured_request/v1`` JSON Lines, rotated by
-    size) for ``semgov check`` and ``semgov diff``; None: no capture."""
-    capture_rate: float = 1.0
-    """Share of decided requests captured."""
+    size) for ``semgov check`` and ``semgov diff``; None: no capture. A capture is personal data
+    (token ids decode back to the prompt text): docs/operations.md "Live capture"."""
+    capture_rate: float = 0.0
+    """Share of decided requests captured: no default, ``SEMGOV_CAPTURE_RATE`` must be set with
+    ``SEMGOV_CAPTURE_DIR`` (a conscious choice of how much personal data to keep)."""
     capture_text: bool = False
     """Capture prompt text too (off: token ids, segments and signed provenance only)."""
     capture_max_mb: int = 64
     """A capture file is rotated once it would grow past this many MiB."""
+    capture_max_total_mb: int = 1024
+    """The capture directory's files together stay under this many MiB (the oldest are deleted)."""
+    capture_max_age_h: int = 168
+    """No captured request is kept much longer than this many hours (files are deleted by age)."""
     reload_poll_ms: int = 1000
     """How often the policy files and the keyring are checked for changes (a change reloads them
     between two decisions; so does SIGHUP to the scheduler process); 0: on SIGHUP only."""
@@ -160,9 +166,11 @@ class HookSettings:
             canary_timeout_s=e.integer("SEMGOV_CANARY_TIMEOUT_S", 300, 1, 86_400),
             shadow_policy=e.optional_path("SEMGOV_SHADOW_POLICY"),
             capture_dir=Path(e.text("SEMGOV_CAPTURE_DIR")) if e.text("SEMGOV_CAPTURE_DIR") else None,
-            capture_rate=e.share("SEMGOV_CAPTURE_RATE", 1.0),
+            capture_rate=e.capture_rate(),
             capture_text=e.flag("SEMGOV_CAPTURE_TEXT", False),
             capture_max_mb=e.integer("SEMGOV_CAPTURE_MAX_MB", 64, 1, 1 << 20),
+            capture_max_total_mb=e.capture_total(),
+            capture_max_age_h=e.integer("SEMGOV_CAPTURE_MAX_AGE_H", 168, 1, 366 * 24),
             reload_poll_ms=e.integer("SEMGOV_RELOAD_POLL_MS", 1000, 0, 3_600_000),
             log_format=e.choice("SEMGOV_LOG_FORMAT", ("text", "json")),
         )
@@ -221,6 +229,20 @@ class _Env:
         if v not in choices:
             raise HookConfigError(f"{name}={v!r}: expected one of {', '.join(choices)}")
         return v
+
+    def capture_rate(self) -> float:
+        """``SEMGOV_CAPTURE_RATE``: required with ``SEMGOV_CAPTURE_DIR`` (no default share)."""
+        if self.text("SEMGOV_CAPTURE_DIR") and not self.text("SEMGOV_CAPTURE_RATE"):
+            raise HookConfigError(
+                "SEMGOV_CAPTURE_DIR is set but SEMGOV_CAPTURE_RATE is not: a capture is personal data; "
+                "choose the share of requests to keep (e.g. 0.01; 1 keeps every one; docs/operations.md)"
+            )
+        return self.share("SEMGOV_CAPTURE_RATE")
+
+    def capture_total(self) -> int:
+        """``SEMGOV_CAPTURE_MAX_TOTAL_MB``: at least one capture file (``SEMGOV_CAPTURE_MAX_MB``)."""
+        file_mb = self.integer("SEMGOV_CAPTURE_MAX_MB", 64, 1, 1 << 20)
+        return self.integer("SEMGOV_CAPTURE_MAX_TOTAL_MB", max(1024, file_mb), file_mb, 1 << 24)
 
     def share(self, name: str, default: float = 0.0) -> float:
         v = self.text(name)

@@ -17,6 +17,7 @@ from semgov import Keyring
 from semgov.cli.bench import MODEL_CHOICES, MODEL_EXTRA_HINT, MODEL_HELP, positive
 from semgov.errors import InputError, PolicyError
 from semgov.policy.calibration import aggregate, overlay_rego, overlay_yaml, plan_settings, table
+from semgov.policy.files import skipped_name
 from semgov.policy.rego.loader import load_rego_policy
 from semgov.policy.yaml.model import POLICY_FILE, load_policy
 
@@ -200,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _write_rego(src: Path, dst: Path, results: Any) -> None:
     dst.mkdir(parents=True, exist_ok=True)
-    files = sorted(src.glob("*.rego"))
+    files = [f for f in sorted(src.glob("*.rego")) if not skipped_name(f.name)]
     holder = [
         f for f in files if any(line.startswith("quality_rules := ") for line in f.read_text().splitlines())
     ]

@@ -312,11 +312,15 @@ def _labelled(
 
 def capture_files(directory: str | Path) -> list[Path]:
     """A capture directory's ``*.jsonl`` and ``*.jsonl.gz`` files, in name order (:class:`InputError`
-    when it has none or cannot be listed)."""
+    when it has none or cannot be listed); hidden ones (a name starting with ``.``) are never read."""
     d = Path(directory)
     try:
         files = sorted(
-            (p for p in d.iterdir() if p.name.endswith(CAPTURE_SUFFIXES) and p.is_file()),
+            (
+                p
+                for p in d.iterdir()
+                if p.name.endswith(CAPTURE_SUFFIXES) and not p.name.startswith(".") and p.is_file()
+            ),
             key=lambda p: p.name,
         )
     except OSError as e:

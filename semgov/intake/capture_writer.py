@@ -14,12 +14,19 @@ Files are ``{prefix}-{UTC start}-{pid}-{seq}.jsonl`` in the capture directory (s
 :class:`CaptureWriter`); each line is one ``write`` call on an ``O_APPEND`` descriptor, with no
 ``fsync``: a capture is for replay, not the audit log, and the newest file may end in a line
 still being written (it reads as one malformed line).
+
+A capture is personal data: with ``keep_text`` off it holds no prompt text, but it holds every
+prompt's token ids, and token ids decode back to the text with the model's tokenizer. So the
+writer keeps a capture directory bounded in size and in age (``max_total_bytes``, ``max_age_s``;
+:class:`CaptureWriter`), deleting its oldest files, and the hook samples only the share of
+requests its operator chose (``SEMGOV_CAPTURE_RATE``, required with ``SEMGOV_CAPTURE_DIR``).
 """
 
 from __future__ import annotations
 
 import os
 import queue
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -40,6 +47,8 @@ _FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | getattr(os, "
 # NOTE: how many existing names (another writer of this process started in the same second with
 # the same prefix) a new file skips before the open counts as failed.
 _NAME_TRIES = 1000
+# NOTE: how often at least the writer thread looks at its files' ages and sizes without traffic.
+_PRUNE_EVERY_S = 60.0
 
 
 class _Wire(CapturedRequest):
@@ -86,6 +95,7 @@ class CaptureStats:
     failed: int  # could not serialize or write
     files: int  # files created
     bytes: int  # bytes written
+    pruned: int = 0  # files deleted for the size or age cap
 
 
 _CLOSE = object()
@@ -101,8 +111,18 @@ class CaptureWriter:
     sort in the order they were written. A line that would take the current file over
     ``max_file_bytes`` goes to the next file; a line longer than that goes alone in a fresh file.
 
+    Bounded in size and age: before a new file is opened, the oldest of this prefix's files in the
+    directory (earlier runs' included) are deleted until they and the new file fit in
+    ``max_total_bytes`` (which must be at least ``max_file_bytes``; a line longer than it is never
+    written, counted as failed); a file is closed ``max_age_s / 4`` after it was opened and deleted
+    once its last line is ``3 * max_age_s / 4`` old, so no line is kept much past ``max_age_s`` (the
+    thread looks at least every minute, traffic or not). Only the writer's own names are deleted;
+    keep one writer per directory.
+
     ``keep_text=False`` (the default) drops every prompt's ``text``, the request's and each
-    candidate's: only token ids, segments, metadata and the signed provenance are written. The
+    candidate's: only token ids, segments, metadata and the signed provenance are written. Token
+    ids are the text to anyone with the model's tokenizer: a capture without text is still
+    personal data. The
     provenance already binds the donor's token hash (and its segments' and text's), so a replay
     still verifies that the donor tokens are the ones signed. A replay without text scans no
     donor text for PII, as the engine decides for a donor offered without text: where the engine
@@ -125,26 +145,39 @@ class CaptureWriter:
         keep_text: bool = False,
         queue_size: int = 1024,
         prefix: str = "capture",
+        max_total_bytes: int = 1 << 30,
+        max_age_s: float = 7 * 86400.0,
     ) -> None:
-        if max_file_bytes < 1 or queue_size < 1:
+        if max_file_bytes < 1 or queue_size < 1 or not max_age_s > 0:
             raise ValueError(
-                f"max_file_bytes ({max_file_bytes}) and queue_size ({queue_size}) must be positive"
+                f"max_file_bytes ({max_file_bytes}), queue_size ({queue_size}) and max_age_s "
+                f"({max_age_s}) must be positive"
+            )
+        if max_total_bytes < max_file_bytes:
+            raise ValueError(
+                f"max_total_bytes ({max_total_bytes}) is below max_file_bytes ({max_file_bytes})"
             )
         if not prefix or os.sep in prefix or (os.altsep is not None and os.altsep in prefix):
             raise ValueError(f"prefix must be a non-empty file name part, not {prefix!r}")
         self.directory = Path(directory)
         _prepare_directory(self.directory)
         self.max_file_bytes = max_file_bytes
+        self.max_total_bytes = max_total_bytes
+        self.max_age_s = max_age_s
         self.keep_text = keep_text
         self.queue_size = queue_size
         self._stem = f"{prefix}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{os.getpid()}"
+        self._mine = re.compile(re.escape(prefix) + r"-\d{8}T\d{6}Z-\d+-\d{6}\.jsonl")
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._cond = threading.Condition(threading.Lock())
         self._closed = False
         self._pending = self._offered = self._dropped = 0
-        self._written = self._failed = self._files = self._bytes = 0
+        self._written = self._failed = self._files = self._bytes = self._pruned = 0
         # the writer thread's own state
         self._fd: int | None = None
+        self._path: Path | None = None
+        self._opened = 0.0  # time.monotonic() the current file was opened
+        self._pruned_at = float("-inf")
         self._size = 0
         self._seq = 0
         self._io_warned = self._serialize_warned = False
@@ -180,6 +213,7 @@ class CaptureWriter:
                 failed=self._failed,
                 files=self._files,
                 bytes=self._bytes,
+                pruned=self._pruned,
             )
 
     def flush(self, timeout: float = 10.0) -> bool:
@@ -207,8 +241,13 @@ class CaptureWriter:
     # ---- the writer thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
+        self._tick()
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=self._tick_s())
+            except queue.Empty:
+                self._tick()
+                continue
             if item is _CLOSE:
                 self._close_file()
                 return
@@ -251,6 +290,9 @@ class CaptureWriter:
         return True, len(line)
 
     def _write(self, line: bytes) -> None:
+        if len(line) > self.max_total_bytes:
+            raise OSError(f"a line of {len(line)} bytes is over the capture's max_total_bytes")
+        self._tick()
         if self._fd is not None and self._size > 0 and self._size + len(line) > self.max_file_bytes:
             self._close_file()
         if self._fd is None:
@@ -262,6 +304,7 @@ class CaptureWriter:
             raise OSError(f"short write: {n} of {len(line)} bytes")
 
     def _open_next(self) -> None:
+        self._prune(self.max_file_bytes)
         for _ in range(_NAME_TRIES):
             self._seq += 1
             path = self.directory / f"{self._stem}-{self._seq:06d}.jsonl"
@@ -270,13 +313,58 @@ class CaptureWriter:
             except FileExistsError:
                 continue
             self._size = 0
+            self._path, self._opened = path, time.monotonic()
             with self._cond:
                 self._files += 1
             return
         raise OSError(f"no free capture file name after {_NAME_TRIES} tries ({self._stem}-*)")
 
+    # ---- the caps (the writer thread) ----------------------------------------------------------------
+
+    def _tick_s(self) -> float:
+        return min(_PRUNE_EVERY_S, self.max_age_s / 4)
+
+    def _tick(self) -> None:
+        """Close the current file once it is ``max_age_s / 4`` old; prune when a look is due."""
+        now = time.monotonic()
+        if self._fd is not None and now - self._opened >= self.max_age_s / 4:
+            self._close_file()
+        if now - self._pruned_at >= self._tick_s():
+            self._prune(0)
+
+    def _prune(self, reserve: int) -> None:
+        """Delete this prefix's closed files whose last line is ``3 * max_age_s / 4`` old, then the
+        oldest until they, the open file and ``reserve`` more bytes fit in ``max_total_bytes``."""
+        self._pruned_at = time.monotonic()
+        try:
+            files = sorted(
+                (p for p in self.directory.iterdir() if self._mine.fullmatch(p.name) and p != self._path),
+                key=lambda p: p.name,
+            )
+            sizes = {p: p.lstat() for p in files}
+        except OSError as e:
+            self._warn_io(e)
+            return
+        too_old = time.time() - self.max_age_s * 3 / 4
+        budget = self.max_total_bytes - reserve - (self._size if self._fd is not None else 0)
+        kept = sum(st.st_size for st in sizes.values())
+        for p, st in sizes.items():
+            if st.st_mtime >= too_old and kept <= budget:
+                continue
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                self._warn_io(e)
+                continue
+            kept -= st.st_size
+            with self._cond:
+                self._pruned += 1
+
     def _close_file(self) -> None:
         fd, self._fd = self._fd, None
+        self._path = None
         if fd is not None:
             try:
                 os.close(fd)

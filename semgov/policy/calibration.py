@@ -140,7 +140,9 @@ def overlay_yaml(base: bytes, source: str, results: Sequence[ScopeResult], note:
     quality["rules"] = mine + kept
     data["quality"] = quality
     header = "".join(f"# {line}\n" for line in note.splitlines())
-    out = (header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)).encode("utf-8")
+    out = (header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, explicit_end=True)).encode(
+        "utf-8"
+    )
     parse_policy(out, f"{source} (calibrated)")
     return out
 

@@ -237,8 +237,12 @@ class Keyring:
     @classmethod
     def load(cls, path: Path) -> Keyring:
         """Load ``{"keys": [{"key_id", "public_key" (SPKI PEM), "revoked"}]}``."""
-        src = str(path)
-        raw = _read(path)
+        return cls.parse(_read(path), str(path))
+
+    @classmethod
+    def parse(cls, raw: bytes, src: str) -> Keyring:
+        """A keyring from the bytes of a keyring file (read once: a caller that also hashes them
+        names exactly the keyring it uses); errors name ``src``."""
         try:
             doc = strict_loads(raw)
         except StrictJSONError as e:

@@ -36,15 +36,15 @@ def test_default_policy_is_safe_for_multi_tenant_use() -> None:
 
 def test_minimal_policy_gets_safe_defaults() -> None:
     """Only name and version are required; sections default to safe values."""
-    p = parse_policy(MIN.encode(), "x")
+    p = parse_policy((MIN + "...\n").encode(), "x")
     assert p.token_verification.reusable_roles == ["system", "evidence"]
     assert p.pii.require_scan is True
 
 
 def test_revision_tracks_content() -> None:
     """Any byte change in the policy file changes its revision."""
-    a = parse_policy(MIN.encode(), "x")
-    b = parse_policy((MIN + "# comment\n").encode(), "x")
+    a = parse_policy((MIN + "...\n").encode(), "x")
+    b = parse_policy((MIN + "# comment\n...\n").encode(), "x")
     assert a.revision != b.revision
 
 
@@ -97,8 +97,8 @@ def test_bad_namespace_patterns_are_rejected(pattern: str) -> None:
 
 def test_durations() -> None:
     """max_age accepts seconds or s/m/h/d/w suffixes and rejects anything else."""
-    assert parse_policy((MIN + "expiry: {max_age: 12h}\n").encode(), "x").expiry.max_age_seconds == 43200
-    assert parse_policy((MIN + "expiry: {max_age: 90}\n").encode(), "x").expiry.max_age_seconds == 90
+    assert parse_policy((MIN + "expiry: {max_age: 12h}\n...\n").encode(), "x").expiry.max_age_seconds == 43200
+    assert parse_policy((MIN + "expiry: {max_age: 90}\n...\n").encode(), "x").expiry.max_age_seconds == 90
     assert err(MIN + "expiry: {max_age: 3 days}\n").field == "expiry.max_age"
 
 
@@ -185,13 +185,13 @@ def test_number_json_and_yaml_1_1_read_differently_is_refused(number: str) -> No
     """A plain 1e-07 (a number to JSON, a string to YAML 1.1) is refused as ambiguous at its line."""
     e = err(MIN + f"similarity: {{min: {number}}}\n")
     assert e.line == 3 and "ambiguous value" in e.message, e
-    p = parse_policy((MIN + "description: '1e5'\nsimilarity: {min: 5.0e-1}\n").encode(), "x")
+    p = parse_policy((MIN + "description: '1e5'\nsimilarity: {min: 5.0e-1}\n...\n").encode(), "x")
     assert p.description == "1e5" and p.similarity.min == 0.5
 
 
 def test_surrogate_escapes() -> None:
     """An escaped surrogate pair is one character (as in JSON); a lone surrogate is refused at its line."""
-    p = parse_policy((MIN + 'description: "\\ud83d\\ude00"\n').encode(), "x")
+    p = parse_policy((MIN + 'description: "\\ud83d\\ude00"\n...\n').encode(), "x")
     assert p.description == "\U0001f600"
     e = err(MIN + 'description: "a\\ud800b"\n')
     assert e.line == 3 and "surrogate" in e.message, e

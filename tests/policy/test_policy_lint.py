@@ -59,7 +59,7 @@ def test_an_unknown_key_far_from_any_known_one_gets_no_guess(tmp_path: Path) -> 
     """No "did you mean" when nothing is close."""
     d = tmp_path / "p"
     d.mkdir()
-    (d / "policy.yaml").write_text(YAML.read_text() + "\nzzzz_qqqq: 1\n")
+    (d / "policy.yaml").write_text("zzzz_qqqq: 1\n" + YAML.read_text())
     with pytest.raises(PolicyError, match="unknown key$"):
         load_policy(d)
 

@@ -41,7 +41,7 @@ def _err(text: str) -> PolicyError:
 
 
 def _policy(quality: dict[str, Any]) -> Policy:
-    return parse_policy((MIN + "quality: " + json.dumps(quality) + "\n").encode(), "pol.yaml")
+    return parse_policy((MIN + "quality: " + json.dumps(quality) + "\n...\n").encode(), "pol.yaml")
 
 
 def test_the_default_policy_turns_shifted_spans_off_and_plans_a_tail_where_turned_on() -> None:
@@ -53,7 +53,7 @@ def test_the_default_policy_turns_shifted_spans_off_and_plans_a_tail_where_turne
     assert plan == QualityPlan(allow_shifted=False, percent=0, min_tokens=16, rule=None, tail_tokens=256)
     assert [plan.recompute("shifted", n) for n in (8, 1000)] == [8, 16]
     assert [plan.tail("shifted", n) for n in (100, 1000)] == [100, 256] and plan.tail("prefix", 1000) == 0
-    bare = parse_policy(b"name: p\nversion: '1'\n", "x").quality_plan("a", "b")
+    bare = parse_policy(b"name: p\nversion: '1'\n...\n", "x").quality_plan("a", "b")
     assert bare == QualityPlan(allow_shifted=True, percent=20, min_tokens=16, rule=None)
     assert [bare.recompute("shifted", n) for n in (8, 50, 320, 1000)] == [8, 16, 64, 200]
 
@@ -105,7 +105,8 @@ def test_a_rule_cannot_allow_what_token_verification_forbids() -> None:
     )
     assert "a rule can forbid shifted reuse in its scope, never allow it" in e.diagnostic()
     ok = parse_policy(
-        (MIN + "token_verification: {allow_shifted: false}\nquality: {rules: [{task: a}]}\n").encode(), "x"
+        (MIN + "token_verification: {allow_shifted: false}\nquality: {rules: [{task: a}]}\n...\n").encode(),
+        "x",
     )
     assert ok.quality_plan("a", "c").allow_shifted is False
 
@@ -130,7 +131,7 @@ def _rego_dir(tmp: Path, quality: dict[str, Any]) -> Path:
 
 def _yaml_with_quality(quality: dict[str, Any]) -> Policy:
     text = (DEFAULT_POLICY_DIR / "policy.yaml").read_text()
-    text = text[: text.index("\nquality:")] + "\nquality: " + json.dumps(quality) + "\n"  # NOTE: replaced
+    text = text[: text.index("\nquality:")] + "\nquality: " + json.dumps(quality) + "\n...\n"  # replaced
     return parse_policy(text.encode(), "policy.yaml")
 
 

@@ -130,7 +130,7 @@ def copy_policy(tmp_path: Path, quality: str = NO_RECOMPUTE) -> Path:
     text = (DEFAULT_POLICY / "policy.yaml").read_text()
     d = tmp_path / "policy"
     d.mkdir(exist_ok=True)
-    (d / "policy.yaml").write_text(text[: text.index("\nquality:")] + "\n" + quality)
+    (d / "policy.yaml").write_text(text[: text.index("\nquality:")] + "\n" + quality + "...\n")
     return d
 
 

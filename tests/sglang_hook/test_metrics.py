@@ -74,7 +74,11 @@ def test_shadow_reload_and_capture_counters_move(hook_files: HookFiles, tmp_path
     shadow = tmp_path / "shadow"
     write_policy(shadow, stricter(hook_files.policy))
     gov = governor(
-        hook_files, "thread", SEMGOV_SHADOW_POLICY=str(shadow), SEMGOV_CAPTURE_DIR=str(tmp_path / "cap")
+        hook_files,
+        "thread",
+        SEMGOV_SHADOW_POLICY=str(shadow),
+        SEMGOV_CAPTURE_DIR=str(tmp_path / "cap"),
+        SEMGOV_CAPTURE_RATE="1",
     )
     m = gov.metrics
     before = [

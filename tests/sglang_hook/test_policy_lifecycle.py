@@ -231,7 +231,11 @@ def test_capture_replays_as_the_hook_decided(
     from semgov.signing.keys import Keyring, load_signing_key
 
     capture = tmp_path / "capture"
-    env = {"SEMGOV_CAPTURE_DIR": str(capture), "SEMGOV_CAPTURE_TEXT": "1" if text else "0"}
+    env = {
+        "SEMGOV_CAPTURE_DIR": str(capture),
+        "SEMGOV_CAPTURE_RATE": "1",
+        "SEMGOV_CAPTURE_TEXT": "1" if text else "0",
+    }
     gov = governor(hook_files, mode, **env)
     try:
         donate(gov, "sglang-donor-1")

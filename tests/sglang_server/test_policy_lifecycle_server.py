@@ -164,6 +164,7 @@ def test_capture_diff_shadow_and_hot_reload_in_a_running_server(tmp_path: Path) 
             "SEMGOV_POLICY": str(live),
             "SEMGOV_SHADOW_POLICY": str(shadow),
             "SEMGOV_CAPTURE_DIR": str(capture),
+            "SEMGOV_CAPTURE_RATE": "1",
             "SEMGOV_RELOAD_POLL_MS": "200",
         },
     )

@@ -33,6 +33,7 @@ from semgov.errors import PolicyError
 from semgov.facts.config import DEFAULT_FORBIDDEN_PII, FactConfig
 from semgov.facts.pii import DEFAULT_PHONE_REGIONS
 from semgov.intake.limits import Limits, resolve
+from semgov.policy.files import rego_paths
 from semgov.policy.rules import RequestScope, SharingRule, TaskSection
 
 PACKAGE = "semgov.reuse"
@@ -188,7 +189,7 @@ def rego_files(directory: Path, *, limits: Limits | None = None) -> tuple[dict[s
     modules: dict[str, str] = {}
     tests: dict[str, str] = {}
     total = 0
-    for path in sorted(directory.rglob("*.rego")):
+    for path in rego_paths(directory):  # NOTE: never hidden entries or temporary copies
         rel = path.relative_to(directory).as_posix()
         try:
             with path.open("rb") as f:

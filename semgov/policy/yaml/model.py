@@ -3,6 +3,12 @@
 A policy directory holds ``policy.yaml``. Unknown keys, wrong types and bad
 values are rejected at load with ``file:line: field: message``. The revision is
 a content hash of the policy file and is recorded in every decision.
+
+A policy ends with the YAML document end marker ``...`` on a line of its own (only blank and
+comment lines may follow): most prefixes of a valid policy are valid YAML and many validate,
+since omitted keys take their defaults and a cut number is a smaller one, so without the
+marker a truncated or half-copied file would load under the same ``name@version``, sometimes
+looser than the whole. A file without it is refused wherever a policy is loaded.
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ from semgov.policy.rules import StrictSection as _Section
 from semgov.wire.models import Role
 
 POLICY_FILE = "policy.yaml"
+END_MARKER = "..."
+# The document end marker, optionally followed by a comment, at column 0 (YAML 1.1/1.2).
+_END_LINE = re.compile(r"\.\.\.(?:[ \t]+#.*)?[ \t]*")
 _DURATION = re.compile(r"\s*([0-9]+)\s*([smhdw]?)\s*", re.ASCII)  # fullmatch; ASCII digits only
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -312,8 +321,27 @@ def parse_policy(content: bytes, source: str, *, limits: Limits | None = None) -
             first.message += f" [and {more} more problem{'s' if more > 1 else ''}]"
         first.others = tuple(found[1:])
         raise first from e
+    _require_end(text, source)
     policy._revision = policy_revision(content)
     return policy
+
+
+def _require_end(text: str, source: str) -> None:
+    """Refuse a policy whose last line that is not blank or a comment is not the end marker."""
+    lines = text.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        stripped = lines[i].strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if _END_LINE.fullmatch(lines[i]):
+            return
+        break
+    raise PolicyError(
+        f"the policy does not end with the YAML document end marker {END_MARKER!r} on a line of its "
+        "own: a truncated or partly written file? Every policy.yaml ends with it (docs/policy.md)",
+        source=source,
+        line=max(len(lines), 1),
+    )
 
 
 def _known_keys(loc: tuple[Any, ...]) -> list[str]:
