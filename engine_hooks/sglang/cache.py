@@ -105,13 +105,14 @@ from engine_hooks.sglang.plan import (
     unrealizable_reason,
 )
 from engine_hooks.sglang.rope import RopeSpec
-from engine_hooks.sglang.tp import Choice, DonorOp, FollowerGovernor, RoundSync, TpLink
+from engine_hooks.sglang.tp import Choice, DonorOp, FollowerGovernor, PendingDonors, RoundSync, TpLink
 from semgov.decide import SignedDecision
 from semgov.log import describe_error, get_logger
 
 __all__ = ["GovernedRadixCache", "Piece", "RealizationError", "plan_pieces", "state_of"]
 
 _STATE_ATTR = "_semgov_state"
+_SESSION_ATTR = "_semgov_session_key"  # NOTE: on SGLang's Session: the tree key its first request had
 
 
 class RealizationError(RuntimeError):
@@ -213,11 +214,19 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         # guard checks of the hook's changes run once, at the round's end (see _check).
         self._round_open = False
         self._deferred: list[tuple[str, _State | None]] = []
+        # NOTE: with TP, the donors every rank submitted and rank 0 has not settled, bounded per
+        # tenant the same way on every rank (a follower's copies; rank 0's mirror of them), and the
+        # donors rank 0 added in this round's message (used only from the next round on).
+        self.tp_pending: PendingDonors | None = None
+        self._fresh: frozenset[str] = frozenset()
         if tp is not None:
             # NOTE: donor ids and isolated tree keys embed the boot id: the same on every rank.
             self.boot = str(tp.broadcast(self.boot))
             if isinstance(governor, Governor):
                 governor.donors.donor_log = []
+                self.tp_pending = PendingDonors(governor.settings.tp_pending_donors_per_tenant)
+            else:
+                self.tp_pending = governor.pending
         self._serials = itertools.count(1)
         # NOTE: requests the hook has state for, by server-side serial; weak, so a request SGLang
         # drops without telling the cache cannot keep its state (or the guard's view) alive.
@@ -280,12 +289,44 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         st = _State(serial, request_label(req.rid), ctx, derived, salt, canary=canary)
         if canary:
             req.skip_radix_cache_insert = True  # NOTE: a replay's KV is nobody's prefix
+        if getattr(req, "session", None) is not None:
+            try:
+                self._session_check(req, st)
+            except Exception as e:  # noqa: BLE001 - any doubt: nothing shared, no reuse
+                self._hook_error("session", None, e)
+                st.context, st.cache_key = None, f"{KEY_PREFIX}anon:isolated:{self.boot}-{serial}"
         setattr(req, _STATE_ATTR, st)
         self.reqs[serial] = req
         # NOTE: isolation by the cache key: whatever the caller sent, the exact tree is keyed
         # server-side by tenant, namespace, adapter and salt (or by a keyed hash of what it sent).
-        req.extra_key = derived
+        req.extra_key = st.cache_key
         return st
+
+    def _session_check(self, req: Any, st: _State) -> None:
+        """An SGLang session request continues another request's tokens (and, streaming, its KV)
+        under this request's own ``extra_key``: it is served only within the tree key the session's
+        first request had, and never from a streaming session (its KV bypasses the tree's keys).
+        Otherwise the request is refused as SGLang refuses a bad session request (its prompt cut to
+        one token, aborted before any prefill when seen in :meth:`hold_back`), with a key of its own.
+        """
+        session = req.session
+        why: str | None = None
+        if req.to_finish is not None:
+            return  # NOTE: SGLang refused it already (a bad session request): nothing runs, nothing binds
+        if getattr(session, "streaming", False):
+            why = "streaming sessions are not served with semgov (their KV bypasses the tree's keys)"
+        else:
+            bound = getattr(session, _SESSION_ATTR, None)
+            if bound is None:
+                setattr(session, _SESSION_ATTR, st.cache_key)
+            elif bound != st.cache_key:
+                why = "this session belongs to another tenant, namespace, adapter or cache salt"
+        if why is None:
+            return
+        self.stats["session_refused"] = self.stats.get("session_refused", 0) + 1
+        get_logger().warning("semgov refused a session request", reason=why, **log_fields(st))
+        st.context, st.cache_key = None, f"{KEY_PREFIX}anon:session-refused:{self.boot}-{st.serial}"
+        req.set_finish_with_abort(f"semgov: {why}")
 
     def donor_id(self, st: _State) -> str:
         """A donor's id: this process's boot id and the request's serial (never the client's rid)."""
@@ -454,8 +495,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
                 request_id=st.label,
                 decision_id=str(dec.record["decision_id"]) if dec is not None else None,
                 donor_id=st.donor.donor_id if st.donor is not None else None,
-                task=st.context.task,
-                contract=st.context.response_contract,
+                ctx=st.context,
             )
         if (
             checkpointed
@@ -464,7 +504,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             and not aborted
             and self.reuse_disabled is None
         ):
-            self.gov.submit_donor(
+            self._submit_donor(
                 DonorSpec(
                     donor_id=self.donor_id(st),
                     context=st.context,
@@ -474,7 +514,22 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
                     text=None,
                 )
             )
-            self.stats["donors_registered"] += 1
+
+    def _submit_donor(self, spec: DonorSpec) -> None:
+        """Hand a finished request over for registration; with TP, only within its tenant's quota of
+        donors not yet settled (the same on every rank: a follower keeps its copy there)."""
+        assert self.gov is not None
+        if isinstance(self.gov, FollowerGovernor):
+            admitted = bool(self.gov.submit_donor(spec))  # NOTE: its copy, kept in self.tp_pending
+        elif self.tp_pending is not None and not self.tp_pending.admit(spec):
+            admitted = False
+        else:
+            self.gov.submit_donor(spec)
+            admitted = True
+        if not admitted:
+            self.stats["donors_refused"] = self.stats.get("donors_refused", 0) + 1
+            return
+        self.stats["donors_registered"] += 1
 
     def release_aborted_request(self, request: Any) -> None:
         super().release_aborted_request(request)
@@ -547,8 +602,10 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             if dec.decision != "allow":
                 continue
             allowed += 1
-            if self.tp is not None and self.gov.donor(entry.donor_id) is None:
-                continue  # NOTE: the other ranks know only registered donors
+            if self.tp is not None and (
+                self.gov.donor(entry.donor_id) is None or entry.donor_id in self._fresh
+            ):
+                continue  # NOTE: the other ranks know only donors added in an earlier round
             # NOTE: liveness is measured here, on the scheduler thread, and only for allowed donors.
             d_len, _ = self._donor_path(entry)
             probed.append((entry.donor_id, d_len))
@@ -628,14 +685,15 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         """What of a decision's approved spans is copied: all of it, less each span's leading tokens
         the record plans to recompute and, of shifted spans, at least the share the settings
         recompute (``SEMGOV_SHIFTED_RECOMPUTE_PCT``); no shifted span where canaries turned shifted
-        reuse off for the request's task and contract."""
+        reuse off for the request's scope, nor, while its scope is on probation, for a request no
+        canary can replay (:meth:`~engine_hooks.sglang.canary.Canaries.shifted_ok`)."""
         assert self.gov is not None
         spans = dec.approved_spans
         ctx = st.context
         if (
             self.canaries is not None
             and ctx is not None
-            and self.canaries.off_for(ctx.task, ctx.response_contract)
+            and not self.canaries.shifted_ok(ctx, self.reqs.get(st.serial))
         ):
             spans = [s for s in spans if s["kind"] != "shifted"]
         return recompute_leading(spans, self.gov.settings.shifted_recompute_pct / 100)
@@ -669,9 +727,15 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         not seen yet is not held here: its first ``match_prefix`` in the round queues its decision
         and :meth:`holds` keeps it out of that round's batch. Never waits, never raises.
         """
-        if self.gov is None or self.reuse_disabled is not None:
+        if self.gov is None:
             return []
         t0 = time.perf_counter_ns()
+        for req in waiting:
+            if getattr(req, "session", None) is not None and state_of(req) is None:
+                self._state(req)  # NOTE: a session request is checked before any round matches it
+        if self.reuse_disabled is not None:
+            self.sched_ns_unattributed += time.perf_counter_ns() - t0
+            return []
         if self.canaries is not None and waiting:
             self.canaries.busy()  # NOTE: requests are waiting: no canary replay for a while
         if self.tp is None:
@@ -1128,7 +1192,11 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             problems = [f"applying the round failed: {type(e).__name__}: {e}"]
         if problems:
             get_logger().error("semgov TP round not applied", rank=self.tp.rank, problems=problems[:5])
-        if self.tp.any(bool(problems) or self._disable_pending is not None):
+        missed = isinstance(self.gov, FollowerGovernor) and bool(self.gov.missed)
+        off, forget = self.tp.any_each((bool(problems) or self._disable_pending is not None, missed))
+        if forget and not off:
+            self._forget_fresh(msg)
+        if off:
             why = self._disable_pending or (problems[0] if problems else None)
             self._disable_pending = None
             where = f"rank {self.tp.rank}: {why}" if why else f"a rank other than {self.tp.rank}"
@@ -1142,6 +1210,21 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
             st.sched_ns += cost // len(charged)
         if not charged:
             self.sched_ns_unattributed += cost
+
+    def _forget_fresh(self, msg: RoundSync) -> None:
+        """Every rank: a rank held no copy of a donor this round added: forget every donor the round
+        added (none is used yet: a donor is chosen only from the round after its add), and keep
+        reusing everything else."""
+        assert self.gov is not None
+        added = [op.donor_id for op in msg.donor_ops if op.kind == "add"]
+        for donor_id in added:
+            self.gov.drop_donor(donor_id)  # NOTE: on rank 0 also the provider's; sent as drops next round
+        if isinstance(self.gov, FollowerGovernor):
+            self.gov.missed.clear()
+        self.stats["tp_donors_forgotten"] = self.stats.get("tp_donors_forgotten", 0) + len(added)
+        if self.tp is not None and self.tp.leader:
+            get_logger().warning("semgov TP: a rank missed a new donor; this round's new donors forgotten",
+                                 donors=len(added))  # fmt: skip
 
     def _lead_round(self) -> RoundSync:
         """Rank 0: the round's message (never raises: a failure is itself the message)."""
@@ -1162,6 +1245,11 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
                     ops += (DonorOp("forget", self.gov.donors.unregistered.get_nowait()),)
                 except queue.Empty:
                     break
+            assert self.tp_pending is not None
+            for op in ops:
+                if op.kind != "drop":
+                    self.tp_pending.settle(op.donor_id)  # NOTE: as every follower does with this message
+            self._fresh = frozenset(op.donor_id for op in ops if op.kind == "add")
             choices: list[Choice] = []
             durable: list[int] = []
             self._round_decisions = {}

@@ -5,26 +5,32 @@ close to a cold prefill, not equal, and on some models and tasks that changes an
 ``benchmarks/realization_quality.py``). Calibration (``semgov calibrate``) measures that before
 deployment; canaries keep measuring it in production:
 
-1. When a request that received shifted KV finishes normally and was decoded plainly greedily
-   (:func:`plain_greedy`: top-k 1, no penalties, grammars, biases or custom processors), it is
-   sampled with probability ``SEMGOV_CANARY_RATE``: its prompt and first ``SEMGOV_CANARY_TOKENS``
-   output tokens are queued (:meth:`CanaryBook.offer`, scheduler thread, O(1), bounded queue).
+1. When a request that received shifted KV finishes normally and a cold replay through
+   ``/generate`` can be the same computation (:func:`replay_params`: plainly greedy, no adapter,
+   media, embeddings or positional overrides), it is sampled with probability
+   ``SEMGOV_CANARY_RATE`` (always while its scope is on probation): its prompt, sampling
+   parameters and first ``SEMGOV_CANARY_TOKENS`` output tokens are queued
+   (:meth:`CanaryBook.offer`, scheduler thread, bounded queue, bounded share per tenant).
 2. The runner thread (:class:`CanaryRunner`) sends one queued canary at a time to the server's own
    ``/generate`` when the scheduler saw no waiting request for a while (idle enough): the same
-   prompt, greedy, exactly as many tokens, ``ignore_eos``. Its ``extra_key`` is a canary marker
+   prompt, the request's own sampling parameters (sent explicitly), exactly as many tokens,
+   ``ignore_eos``. Its ``extra_key`` is a canary marker
    (:class:`CanaryMarker`, a MAC under a per-boot secret no client holds), so the hook gives it
    an exact-prefix key of its own (no cache hit: a cold prefill), no semantic reuse, and never
    makes it a donor.
-3. The cold tokens are compared with the warm ones. Per scope, the request's (task, response
-   contract), the book counts canaries and regressions; once regressions exceed
+3. The cold tokens are compared with the warm ones. Per scope, the request's (tenant, namespace,
+   LoRA adapter, task, response contract: :class:`Scope`), the book counts canaries and
+   regressions; once regressions exceed
    ``SEMGOV_CANARY_BUDGET``, shifted reuse is off for that scope: the hook copies only approved
    prefix spans there (the signed decisions are unchanged; realizations say what was copied).
 
 Every comparison is audited (engine event ``canary``) and so is a scope turned off
-(``shifted_reuse_disabled``). The disabled scopes are kept in ``canary-state.json`` in the audit
-directory with the policy revision they were found under: a restart keeps them; deploying another
-policy revision (recalibrated, or forbidding shifted reuse there) clears them. That is how the
-switch is reversed: by policy, never by a client or a restart.
+(``shifted_reuse_disabled``). A scope is on probation until ``SEMGOV_CANARY_PROBATION`` of its
+canaries matched: only replayable requests get shifted KV there. Every counted scope is kept in
+``canary-state.json`` in the audit directory with the policy revision it was found under: a
+restart keeps them; deploying another policy revision (recalibrated, or forbidding shifted reuse
+there) clears them. That is how the switch is reversed: by policy, never by a client or a
+restart. A missing or damaged state file trusts nothing unmeasured (fail closed).
 
 Cost: each canary is one cold prefill of the prompt plus ``SEMGOV_CANARY_TOKENS`` decode steps on
 the server, sent only when idle, one at a time; the scheduler thread only samples and queues.
@@ -49,20 +55,22 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from semgov.log import describe_error, get_logger
 
 CANARY_PREFIX = "semgov-canary:"
 STATE_FILE = "canary-state.json"
-STATE_SCHEMA = "semgov.canary_state/v1"
+STATE_SCHEMA = "semgov.canary_state/v2"
 
 
 @dataclass(frozen=True, slots=True)
 class CanarySettings:
     """``SEMGOV_CANARY_*``: the sampling rate (0: off), tokens compared, regressions tolerated per
-    scope, queue bound, the replay's timeout and how long the scheduler must have had no waiting
-    request before a replay is sent."""
+    scope, queue bound (and each tenant's share of it), the replay's timeout, how long the scheduler
+    must have had no waiting request before a replay is sent, and the matching canaries a scope
+    needs before shifted reuse is trusted there beyond the requests a canary can check (0: trusted
+    unmeasured), and the most scopes counted."""
 
     rate: float = 0.0
     tokens: int = 16
@@ -70,31 +78,79 @@ class CanarySettings:
     queue: int = 16
     timeout_s: float = 300.0
     idle_ms: int = 200
+    tenant_queue: int = 4
+    probation: int = 0
+    max_scopes: int = 65536
 
 
-Scope = tuple[str, str, str, str]
-"""A canary scope: task id, task version, response contract id, contract schema hash."""
+class Scope(NamedTuple):
+    """A canary scope: the request's whole isolation scope (tenant, namespace, LoRA adapter) and what
+    it asks for (task, response contract). One tenant's regressions never count in another's scope.
+
+    NOTE: the cache salt is left out: it only partitions a tenant's own traffic, so leaving it out
+    makes a regression under one salt count for the tenant's other salts (stricter, never looser).
+    """
+
+    tenant: str
+    namespace: str
+    task_id: str
+    task_version: str
+    contract_id: str
+    contract_sha256: str
+    adapter: str  # the request's LoRA id ("" without one)
 
 
-def scope_of(task: dict[str, str], contract: dict[str, str]) -> Scope:
-    return (task["id"], task["version"], contract["id"], contract["schema_sha256"])
+def scope_of(ctx: Any) -> Scope:
+    """The canary scope of a verified request context (a
+    :class:`~engine_hooks.sglang.context.RequestContext`)."""
+    task, contract = ctx.task, ctx.response_contract
+    return Scope(
+        ctx.tenant,
+        ctx.namespace,
+        task["id"],
+        task["version"],
+        contract["id"],
+        contract["schema_sha256"],
+        ctx.lora_id or "",
+    )
+
+
+def _scope_doc(scope: Scope) -> dict[str, Any]:
+    return {
+        "tenant": scope.tenant,
+        "namespace": scope.namespace,
+        "task": {"id": scope.task_id, "version": scope.task_version},
+        "response_contract": {"id": scope.contract_id, "schema_sha256": scope.contract_sha256},
+        "lora_id": scope.adapter or None,
+    }
+
+
+def _scope_from_doc(item: Any) -> Scope:
+    """A scope from its state-file form (raises KeyError, TypeError or ValueError when malformed)."""
+    lora = item["lora_id"]
+    s = Scope(
+        item["tenant"],
+        item["namespace"],
+        item["task"]["id"],
+        item["task"]["version"],
+        item["response_contract"]["id"],
+        item["response_contract"]["schema_sha256"],
+        "" if lora is None else lora,
+    )
+    if not all(type(x) is str for x in s):
+        raise TypeError("scope fields must be strings")
+    return s
 
 
 def describe(scope: Scope) -> str:
     """A scope for a log line or an event's detail (JSON: no two scopes print alike)."""
-    return json.dumps(
-        {
-            "task": {"id": scope[0], "version": scope[1]},
-            "response_contract": {"id": scope[2], "schema_sha256": scope[3]},
-        },
-        sort_keys=True,
-    )
+    return json.dumps(_scope_doc(scope), sort_keys=True)
 
 
 def plain_greedy(req: Any) -> bool:
     """Whether SGLang decodes ``req`` with plain greedy sampling, so a cold replay with the same
     prompt must give the same tokens: top-k 1 (SGLang's form of temperature 0), one sequence, no
-    penalties, grammar, logit bias, custom parameters or processor. Never raises."""
+    penalties, grammar, logit bias, watermark, custom parameters or processor. Never raises."""
     try:
         sp = req.sampling_params
         return (
@@ -108,10 +164,40 @@ def plain_greedy(req: Any) -> bool:
             and not (sp.json_schema or sp.regex or sp.ebnf or getattr(sp, "structural_tag", None))
             and not getattr(sp, "logit_bias", None)
             and not getattr(sp, "custom_params", None)
+            and getattr(sp, "watermark", None) is None
             and getattr(req, "custom_logit_processor", None) is None
         )
     except Exception:  # noqa: BLE001 - an unknown request shape is not a canary
         return False
+
+
+# NOTE: what the replay sends explicitly, from the request's own (normalized) sampling parameters:
+# the server's defaults (``--sampling-defaults model``: a model's generation_config may set a
+# repetition penalty or top-k) must not fill them in differently for the replay.
+_REPLAYED = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+             "repetition_penalty")  # fmt: skip
+# NOTE: server-side request fields that change the computation and that a replay through
+# ``/generate`` with ``input_ids`` cannot carry: a request with any of them set is not sampled.
+_NOT_REPLAYABLE = ("lora_id", "multimodal_inputs", "input_embeds", "token_type_ids",
+                   "positional_embed_overrides")  # fmt: skip
+
+
+def replay_params(req: Any) -> tuple[tuple[str, float | int], ...] | None:
+    """The sampling parameters a cold replay of ``req`` must send to be the same computation, or None
+    when no replay through ``/generate`` can be (not plainly greedy, or an adapter, media, embeddings,
+    token types or positional overrides shape its answer). Never raises."""
+    if not plain_greedy(req):
+        return None
+    try:
+        if any(getattr(req, name, None) is not None for name in _NOT_REPLAYABLE):
+            return None
+        sp = req.sampling_params
+        return tuple(
+            (name, int(getattr(sp, name)) if name == "top_k" else float(getattr(sp, name)))
+            for name in _REPLAYED
+        )
+    except Exception:  # noqa: BLE001 - an unknown request shape is not a canary
+        return None
 
 
 class CanaryMarker:
@@ -150,6 +236,7 @@ class Canary:
     scope: Scope
     input_ids: tuple[int, ...]
     warm: tuple[int, ...]  # the request's first output tokens (at most SEMGOV_CANARY_TOKENS)
+    params: tuple[tuple[str, float | int], ...] = ()  # its sampling parameters (replay_params)
 
 
 @dataclass(slots=True)
@@ -178,31 +265,47 @@ def compare(warm: Sequence[int], cold: Sequence[int]) -> int | None:
     return None
 
 
+DISABLED = "disabled"
+TRUSTED = "trusted"
+
+
 @dataclass
 class CanaryBook:
-    """Pure bookkeeping of the canaries: queue, per-scope counts, disabled scopes, events to audit.
+    """Pure bookkeeping of the canaries: queue, per-scope counts, disabled and trusted scopes, events.
+
+    A scope is *on probation* until ``settings.probation`` of its canaries matched (never with 0):
+    there, only requests a canary can check get shifted KV, and every one of them is replayed. A
+    scope whose regressions exceed the budget is *disabled*. Both are per full scope (:class:`Scope`).
 
     NOTE: invariants: a scope, once disabled, stays disabled for this policy revision; ``disabled``
-    is replaced, never mutated, so the scheduler thread reads it without a lock; ``offer`` never
-    blocks and drops (counted) when the queue is full.
+    and ``trusted`` are replaced, never mutated, so the scheduler thread reads them without a lock;
+    ``offer`` never blocks and drops (counted) when the queue, or its tenant's share, is full.
     """
 
     settings: CanarySettings
     revision: str
     counts: dict[Scope, ScopeCount] = field(default_factory=dict)
     disabled: frozenset[Scope] = frozenset()
+    trusted: frozenset[Scope] = frozenset()
     dropped: int = 0
     _queue: collections.deque[Canary] = field(default_factory=collections.deque)
     _events: list[CanaryEvent] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def on_probation(self, scope: Scope) -> bool:
+        """Whether ``scope`` has not yet shown the matching canaries shifted reuse needs (lock-free)."""
+        return self.settings.probation > 0 and scope not in self.trusted
+
     def offer(self, canary: Canary) -> bool:
-        """Queue a sampled realization (scheduler thread); False when dropped (queue full, or shifted
-        reuse already off for its scope)."""
+        """Queue a sampled realization (scheduler thread); False when dropped (queue or the tenant's
+        share of it full, or shifted reuse already off for its scope)."""
         with self._lock:
             if canary.scope in self.disabled:
                 return False
-            if len(self._queue) >= self.settings.queue:
+            tenant = canary.scope.tenant
+            if len(self._queue) >= self.settings.queue or (
+                sum(c.scope.tenant == tenant for c in self._queue) >= self.settings.tenant_queue
+            ):
                 self.dropped += 1
                 return False
             self._queue.append(canary)
@@ -216,21 +319,23 @@ class CanaryBook:
         with self._lock:
             return len(self._queue)
 
-    def record(self, canary: Canary, cold: Sequence[int] | None, error: str | None, at: str) -> bool:
-        """Record one replay's outcome; True when it turned shifted reuse off for the scope. A replay
-        that failed (``error``) is audited and counts neither way."""
+    def record(self, canary: Canary, cold: Sequence[int] | None, error: str | None, at: str) -> str | None:
+        """Record one replay's outcome; :data:`DISABLED` when it turned shifted reuse off for the scope,
+        :data:`TRUSTED` when it ended the scope's probation, else None. A replay that failed
+        (``error``) is audited and counts neither way."""
         with self._lock:
             if error is not None or cold is None:
                 self._events.append(CanaryEvent("canary", canary, f"replay failed: {error}"))
-                return False
-            count = self.counts.setdefault(canary.scope, ScopeCount())
+                return None
+            scope = canary.scope
+            if scope not in self.counts and len(self.counts) >= self.settings.max_scopes:
+                self._events.append(CanaryEvent("canary", canary, "not counted: too many scopes counted"))
+                return None
+            count = self.counts.setdefault(scope, ScopeCount())
             count.canaries += 1
             at_token = compare(canary.warm, cold)
             if at_token is None:
-                self._events.append(
-                    CanaryEvent("canary", canary, f"match: {len(canary.warm)} tokens", len(canary.warm))
-                )
-                return False
+                return self._matched(canary, count)
             count.regressions += 1
             warm_tok = canary.warm[at_token]
             cold_tok = int(cold[at_token]) if at_token < len(cold) else None
@@ -242,32 +347,46 @@ class CanaryBook:
                     len(canary.warm),
                 )
             )
-            if count.regressions <= self.settings.budget or canary.scope in self.disabled:
-                return False
+            if count.regressions <= self.settings.budget or scope in self.disabled:
+                return None
             count.disabled_at = at
-            self.disabled = self.disabled | {canary.scope}
-            self._queue = collections.deque(c for c in self._queue if c.scope != canary.scope)
+            self.disabled = self.disabled | {scope}
+            self.trusted = self.trusted - {scope}
+            self._queue = collections.deque(c for c in self._queue if c.scope != scope)
             self._events.append(
                 CanaryEvent(
                     "shifted_reuse_disabled",
                     canary,
-                    f"shifted reuse off for {describe(canary.scope)}: {count.regressions} regressions in "
+                    f"shifted reuse off for {describe(scope)}: {count.regressions} regressions in "
                     f"{count.canaries} canaries, budget {self.settings.budget}, "
                     f"policy revision {self.revision}",
                 )
             )
-            return True
+            return DISABLED
+
+    def _matched(self, canary: Canary, count: ScopeCount) -> str | None:
+        """A match (the lock held): audited, and the end of the scope's probation once it has enough."""
+        scope, n = canary.scope, len(canary.warm)
+        good = count.canaries - count.regressions
+        if self.on_probation(scope) and scope not in self.disabled and good >= self.settings.probation:
+            self.trusted = self.trusted | {scope}
+            detail = f"match: {n} tokens; probation over after {good} matching canaries"
+            self._events.append(CanaryEvent("canary", canary, detail, n))
+            return TRUSTED
+        self._events.append(CanaryEvent("canary", canary, f"match: {n} tokens", n))
+        return None
 
     def new_revision(self, revision: str) -> bool:
         """Another live policy revision was loaded while running: what was found under the old one
-        no longer holds (counts, disabled scopes and queued canaries are cleared, as a restart with a
-        new revision clears them). False when the revision is the one in force."""
+        no longer holds (counts, disabled and trusted scopes and queued canaries are cleared, as a
+        restart with a new revision clears them). False when the revision is the one in force."""
         with self._lock:
             if revision == self.revision:
                 return False
             self.revision = revision
             self.counts = {}
             self.disabled = frozenset()  # NOTE: replaced, never mutated
+            self.trusted = frozenset()
             self._queue.clear()
             return True
 
@@ -279,46 +398,66 @@ class CanaryBook:
     # ---- persistence (the caller does the I/O) ------------------------------------------------
 
     def state(self) -> dict[str, Any]:
-        """The disabled scopes and their counts, with the policy revision (``canary-state.json``)."""
+        """Every counted scope with its counts, with the policy revision (``canary-state.json``)."""
         with self._lock:
             scopes = [
                 {
-                    "task": {"id": s[0], "version": s[1]},
-                    "response_contract": {"id": s[2], "schema_sha256": s[3]},
+                    **_scope_doc(s),
                     "canaries": c.canaries,
                     "regressions": c.regressions,
                     "disabled_at": c.disabled_at,
                 }
                 for s, c in sorted(self.counts.items())
-                if s in self.disabled
             ]
-        return {"schema": STATE_SCHEMA, "policy_revision": self.revision, "disabled": scopes}
+        return {"schema": STATE_SCHEMA, "policy_revision": self.revision, "scopes": scopes}
 
-    def restore(self, state: object) -> str:
-        """Take the disabled scopes of a state written under this policy revision; say what happened."""
+    def restore(self, state: object) -> tuple[bool, str]:
+        """Take a state written under this policy revision; whether it was whole, and what happened.
+
+        Fail closed: the disabled scopes of every entry that parses are taken, a scope's probation
+        is over only when the whole file is valid; anything else leaves every scope on probation.
+        """
         if not isinstance(state, dict) or state.get("schema") != STATE_SCHEMA:
-            return "not a canary state file: ignored"
+            found = state.get("schema") if isinstance(state, dict) else type(state).__name__
+            return False, f"not a {STATE_SCHEMA} file ({bounded(found)}): nothing restored"
         if state.get("policy_revision") != self.revision:
-            return (
-                f"written under policy revision {state.get('policy_revision')!r}: cleared by the new revision"
+            return True, (
+                f"written under policy revision {bounded(state.get('policy_revision'))}: "
+                "cleared by the new revision"
             )
-        scopes: set[Scope] = set()
         counts: dict[Scope, ScopeCount] = {}
-        for item in state.get("disabled") or []:
+        bad = 0
+        items = state.get("scopes")
+        entries: list[Any] = items if isinstance(items, list) else [None]
+        for item in entries:
             try:
-                s = scope_of(item["task"], item["response_contract"])
-                if not all(type(x) is str for x in s):
-                    raise TypeError("scope fields must be strings")
-                counts[s] = ScopeCount(
-                    int(item["canaries"]), int(item["regressions"]), str(item["disabled_at"])
-                )
-            except (KeyError, TypeError, ValueError) as e:
-                return f"malformed entry ({type(e).__name__}): ignored, nothing restored"
-            scopes.add(s)
+                at = item["disabled_at"]
+                if at is not None and type(at) is not str:
+                    raise TypeError("disabled_at must be a string or null")
+                n, bad_n = int(item["canaries"]), int(item["regressions"])
+                counts[_scope_from_doc(item)] = ScopeCount(n, bad_n, at)
+            except (KeyError, TypeError, ValueError):
+                bad += 1
         with self._lock:
             self.counts.update(counts)
-            self.disabled = frozenset(scopes)
-        return f"{len(scopes)} scope(s) with shifted reuse off restored"
+            self.disabled = frozenset(s for s, c in counts.items() if c.disabled_at is not None)
+            if not bad:
+                self.trusted = frozenset(
+                    s
+                    for s, c in counts.items()
+                    if c.disabled_at is None and c.canaries - c.regressions >= self.settings.probation
+                )
+        if bad:
+            return False, (
+                f"{bad} malformed entr(y/ies): {len(self.disabled)} disabled scope(s) kept, "
+                "every other scope on probation"
+            )
+        return True, f"{len(self.disabled)} scope(s) off, {len(self.trusted)} trusted, restored"
+
+
+def bounded(value: object) -> str:
+    """A value read from the state file, for a log line (short)."""
+    return repr(value)[:80]
 
 
 def save_state(path: Path, state: dict[str, Any]) -> None:
@@ -349,13 +488,18 @@ Replay = Callable[[Canary, str], list[int]]
 
 
 def http_replay(host: str, port: int, api_key: str | None, timeout_s: float) -> Replay:
-    """A :data:`Replay` through the server's own ``/generate`` (greedy, ``ignore_eos``, exactly as many
-    tokens as the warm output)."""
+    """A :data:`Replay` through the server's own ``/generate`` (the request's own sampling parameters,
+    ``ignore_eos``, exactly as many tokens as the warm output)."""
 
     def replay(canary: Canary, extra_key: str) -> list[int]:
         payload = {
             "input_ids": list(canary.input_ids),
-            "sampling_params": {"max_new_tokens": len(canary.warm), "temperature": 0.0, "ignore_eos": True},
+            # NOTE: the request's own sampling parameters, sent explicitly (not the server's defaults)
+            "sampling_params": {
+                **(dict(canary.params) if canary.params else {"temperature": 0.0}),
+                "max_new_tokens": len(canary.warm),
+                "ignore_eos": True,
+            },
             "extra_key": extra_key,
             "rid": f"semgov-canary-{secrets.token_hex(6)}",
         }
@@ -444,15 +588,13 @@ class CanaryRunner:
         finally:
             self.inflight = 0
         try:
-            turned_off = self.book.record(canary, cold, error, self.clock())
-            if turned_off:
+            changed = self.book.record(canary, cold, error, self.clock())
+            if changed is not None:
                 # NOTE: the state file is written before the events are audited, so a reader who
                 # sees shifted_reuse_disabled in the audit log also finds it in the state file.
-                get_logger().warning(
-                    "semgov canary: shifted reuse turned off",
-                    scope=describe(canary.scope),
-                    **_canary_fields(canary),
-                )
+                log = get_logger().warning if changed == DISABLED else get_logger().info
+                what = "shifted reuse turned off" if changed == DISABLED else "probation over"
+                log(f"semgov canary: {what}", scope=describe(canary.scope), **_canary_fields(canary))
                 self._persist()
             for ev in self.book.take_events():
                 self.audit(ev)
@@ -472,7 +614,8 @@ class CanaryRunner:
 
 class Canaries:
     """The hook's canaries (see the module docstring): the scheduler thread samples, queues and reads
-    which scopes are off; a runner thread replays, compares, audits and keeps the state file."""
+    which scopes are off or on probation; a runner thread replays, compares, audits and keeps the
+    state file."""
 
     def __init__(
         self,
@@ -491,39 +634,64 @@ class Canaries:
         self.marker = CanaryMarker()
         self.book = CanaryBook(settings, revision)
         self._sample = sample if sample is not None else random.Random(secrets.randbits(64)).random
+        self.state_restored = state_path is None
         if state_path is not None:
-            found = load_state(state_path)
-            if found is not None:
-                why = found if isinstance(found, str) else self.book.restore(found)
-                get_logger().info("semgov canary state", path=str(state_path), result=why)
+            self.state_restored = self._restore(state_path)
         self.runner = CanaryRunner(self.book, self.marker, replay, audit, state_path, clock)
         self.offered = 0
 
-    def off_for(self, task: dict[str, str], contract: dict[str, str]) -> bool:
-        """Scheduler thread: whether canaries turned shifted reuse off for this task and contract."""
+    def _restore(self, path: Path) -> bool:
+        """Read the state file; say, in the log, what a missing or unusable one means (fail closed:
+        nothing is trusted unmeasured, see :meth:`CanaryBook.restore`)."""
+        found = load_state(path)
+        if isinstance(found, dict):
+            ok, why = self.book.restore(found)
+        else:
+            ok, why = False, found if isinstance(found, str) else "no state file (first start, or deleted)"
+        if ok:
+            get_logger().info("semgov canary state", path=str(path), result=why)
+            return True
+        after = (
+            f"every scope is on probation: shifted reuse only for requests a canary checks, until "
+            f"{self.settings.probation} of its canaries match"
+            if self.settings.probation > 0
+            else "SEMGOV_CANARY_PROBATION=0: unmeasured scopes are trusted, disabled ones are lost"
+        )
+        get_logger().warning("semgov canary state not restored", path=str(path), result=why, then=after)
+        return False
+
+    def off_for(self, ctx: Any) -> bool:
+        """Scheduler thread: whether canaries turned shifted reuse off for this request context's scope."""
         disabled = self.book.disabled  # NOTE: replaced, never mutated: no lock needed to read it
-        return bool(disabled) and scope_of(task, contract) in disabled
+        return bool(disabled) and scope_of(ctx) in disabled
+
+    def shifted_ok(self, ctx: Any, req: Any) -> bool:
+        """Scheduler thread: whether ``req`` (of context ``ctx``) may receive shifted KV: not where
+        canaries turned it off, and on probation only if a canary can replay it. Never raises."""
+        try:
+            scope = scope_of(ctx)
+            if scope in self.book.disabled:
+                return False
+            return not self.book.on_probation(scope) or (req is not None and replay_params(req) is not None)
+        except Exception:  # noqa: BLE001 - any doubt: no shifted KV
+            return False
 
     def offer(
-        self,
-        req: Any,
-        *,
-        request_id: str,
-        decision_id: str | None,
-        donor_id: str | None,
-        task: dict[str, str],
-        contract: dict[str, str],
+        self, req: Any, *, request_id: str, decision_id: str | None, donor_id: str | None, ctx: Any
     ) -> bool:
-        """Scheduler thread, a request that received shifted KV finished normally: sample it (a plainly
-        greedy one with output), and queue its replay. Never raises; True when queued."""
+        """Scheduler thread, a request that received shifted KV finished normally: sample it (always on
+        probation) if a replay can be the same computation (:func:`replay_params`) and it has output,
+        and queue its replay. Never raises; True when queued."""
         try:
-            if self._sample() >= self.settings.rate or not plain_greedy(req):
+            scope = scope_of(ctx)
+            if not self.book.on_probation(scope) and self._sample() >= self.settings.rate:
                 return False
+            params = replay_params(req)
             warm = tuple(int(t) for t in req.output_ids[: self.settings.tokens])
-            if not warm:
+            if params is None or not warm:
                 return False
             canary = Canary(
-                request_id, decision_id, donor_id, scope_of(task, contract), tuple(req.origin_input_ids), warm
+                request_id, decision_id, donor_id, scope, tuple(req.origin_input_ids), warm, params
             )
             queued = self.book.offer(canary)
             if queued:
@@ -546,6 +714,8 @@ class Canaries:
             "canaries_compared": sum(c.canaries for c in counts),
             "canary_regressions": sum(c.regressions for c in counts),
             "shifted_reuse_off_scopes": len(b.disabled),
+            "shifted_reuse_trusted_scopes": len(b.trusted),
+            "canary_state_restored": int(self.state_restored),
         }
 
     def close(self) -> None:

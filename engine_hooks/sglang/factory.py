@@ -137,6 +137,8 @@ def build_canaries(settings: HookSettings, governor: Any, server_args: Any) -> A
             queue=settings.canary_queue,
             timeout_s=float(settings.canary_timeout_s),
             idle_ms=settings.canary_idle_ms,
+            tenant_queue=settings.canary_tenant_queue,
+            probation=settings.canary_probation,
         ),
         revision=governor.revision,
         replay=http_replay(host, port, api_key, float(settings.canary_timeout_s)),

@@ -167,7 +167,7 @@ def unrealizable_reason(
     if not past:
         return (
             "nothing of the approved spans past the exact match may be copied (the plan recomputes it, "
-            "or canaries turned shifted reuse off for this task and contract)"
+            "or canaries turned shifted reuse off for this scope, or it is on canary probation)"
         )
     first = int(min(int(s["recipient_start"]) for s in past))
     if first > start and max_regions == 0:

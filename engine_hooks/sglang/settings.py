@@ -85,16 +85,26 @@ class HookSettings:
     context_key_previous: Path | None = None
     """The gateway's previous HMAC key, accepted for context tokens during a key rotation's grace period
     (scopes and tree keys are always derived from ``SEMGOV_CONTEXT_KEY``)."""
+    tp_pending_donors_per_tenant: int = 256
+    """With tensor parallelism: a tenant's finished requests waiting for rank 0 to register them as
+    donors; past it a finished request is not a donor (the same on every rank)."""
     canary_rate: float = 0.0
     """Share of finished requests that received shifted KV and were decoded greedily that are replayed
     cold on this server when it is idle and compared (:mod:`engine_hooks.sglang.canary`); 0: off."""
     canary_tokens: int = 16
     """Output tokens a canary compares (the replay decodes exactly as many of the warm output)."""
     canary_budget: int = 0
-    """Canary regressions tolerated per task and response contract; one more turns shifted reuse off
-    there (until another policy revision is deployed)."""
+    """Canary regressions tolerated per scope (tenant, namespace, LoRA adapter, task and response
+    contract); one more turns shifted reuse off there (until another policy revision is deployed)."""
     canary_queue: int = 16
     """Canaries waiting for an idle moment; more are dropped (counted)."""
+    canary_tenant_queue: int = 4
+    """Of those, the most one tenant's canaries may take: one tenant's burst never crowds out the
+    measurement of another's scopes."""
+    canary_probation: int = 4
+    """Matching canaries a scope needs, under this policy revision, before shifted reuse is trusted
+    there for requests no canary can check; until then only replayable requests get shifted KV,
+    and each is replayed (0: unmeasured scopes are trusted; a lost state file then re-enables)."""
     canary_idle_ms: int = 200
     """A canary is sent only when no prefill round has seen a waiting request for this long."""
     canary_timeout_s: int = 300
@@ -158,10 +168,13 @@ class HookSettings:
             audit_keyring=e.optional_path("SEMGOV_AUDIT_KEYRING"),
             audit_origin=e.text("SEMGOV_AUDIT_ORIGIN") or None,
             context_key_previous=e.optional_path("SEMGOV_CONTEXT_KEY_PREVIOUS"),
+            tp_pending_donors_per_tenant=e.integer("SEMGOV_TP_PENDING_DONORS_PER_TENANT", 256, 1, 8192),
             canary_rate=e.share("SEMGOV_CANARY_RATE"),
             canary_tokens=e.integer("SEMGOV_CANARY_TOKENS", 16, 1, 4096),
             canary_budget=e.integer("SEMGOV_CANARY_BUDGET", 0, 0, 1 << 20),
             canary_queue=e.integer("SEMGOV_CANARY_QUEUE", 16, 1, 4096),
+            canary_tenant_queue=e.integer("SEMGOV_CANARY_TENANT_QUEUE", 4, 1, 4096),
+            canary_probation=e.integer("SEMGOV_CANARY_PROBATION", 4, 0, 1 << 20),
             canary_idle_ms=e.integer("SEMGOV_CANARY_IDLE_MS", 200, 0, 600_000),
             canary_timeout_s=e.integer("SEMGOV_CANARY_TIMEOUT_S", 300, 1, 86_400),
             shadow_policy=e.optional_path("SEMGOV_SHADOW_POLICY"),

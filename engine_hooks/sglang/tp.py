@@ -23,9 +23,13 @@ The other ranks (*followers*) hold a :class:`FollowerGovernor`: the registry rep
 leader's messages (each donor's tokens from the follower's own copy of the same finished
 request), no policy, no keys, no audit log. Each rank copies its own KV shard; a realization
 counts only if every rank's copy succeeded (:meth:`TpLink.all`, one ``all_reduce``), otherwise
-every rank frees what it took and the request runs cold. A message a follower cannot apply
-(a donor it does not hold, a request it does not know) turns semantic reuse off on every rank,
-audited by the leader: ranks never guess.
+every rank frees what it took and the request runs cold. Donors submitted and not yet settled by
+the leader are bounded per tenant, identically on every rank (:class:`PendingDonors`), so a burst
+of finished requests never makes ranks disagree about them. A donor the leader adds is used only
+from the next round on; should a follower still hold no copy of it, every rank forgets that
+round's new donors (no reuse from them, nothing else changes). A message a follower cannot
+otherwise apply (a request it does not know, a donor that differs) turns semantic reuse off on
+every rank, audited by the leader: ranks never guess.
 
 NOTE: the message is pickled: it travels only between the server's own scheduler processes, over
 the process group SGLang itself broadcasts pickled requests on; nothing a client sends is
@@ -52,7 +56,7 @@ from semgov.log import get_logger
 
 __all__ = ["Choice", "DonorOp", "FollowerGovernor", "RoundSync", "TpLink"]
 
-_MAX_SPECS = 8192  # NOTE: a backstop: specs leave when rank 0 registers or fails them
+_MAX_SPECS = 8192  # NOTE: all tenants' pending donors together (each tenant: its own quota below it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +142,55 @@ class TpLink:
         """True on every rank only if ``flag`` is True on every rank."""
         return not self.any(not flag)
 
+    def any_each(self, flags: tuple[bool, ...]) -> tuple[bool, ...]:
+        """For each flag, True on every rank if it is True on any rank (one ``all_reduce``)."""
+        t = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return tuple(bool(x) for x in t.tolist())
+
+
+class PendingDonors:
+    """Finished requests submitted as donors that rank 0 has not yet settled (an ``add``: registered;
+    a ``forget``: its registration failed), bounded per tenant and in all.
+
+    Every rank holds one and changes it at the same points of the same schedule (a request's
+    release; a round message), so every rank admits and refuses the same donors: rank 0 never
+    registers a donor a follower refused or dropped, and one tenant's burst of finished requests
+    fills only that tenant's quota (its further requests are simply not donors).
+    """
+
+    def __init__(self, per_tenant: int, total: int = _MAX_SPECS) -> None:
+        self.per_tenant, self.total = per_tenant, total
+        self._specs: OrderedDict[str, DonorSpec] = OrderedDict()
+        self._by_tenant: dict[str, int] = {}
+        self.refused = 0
+
+    def admit(self, spec: DonorSpec) -> bool:
+        """Keep ``spec`` until it is settled; False (counted) when its tenant's quota or the total is
+        full."""
+        tenant = spec.context.tenant
+        if len(self._specs) >= self.total or self._by_tenant.get(tenant, 0) >= self.per_tenant:
+            self.refused += 1
+            return False
+        self._specs[spec.donor_id] = spec
+        self._by_tenant[tenant] = self._by_tenant.get(tenant, 0) + 1
+        return True
+
+    def settle(self, donor_id: str) -> DonorSpec | None:
+        """Rank 0 registered the donor or gave it up: hand back (and stop holding) its spec."""
+        spec = self._specs.pop(donor_id, None)
+        if spec is not None:
+            tenant = spec.context.tenant
+            left = self._by_tenant[tenant] - 1
+            if left:
+                self._by_tenant[tenant] = left
+            else:
+                del self._by_tenant[tenant]
+        return spec
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
 
 class FollowerGovernor:
     """What a non-leader rank's cache asks of its governor: contexts (verified with the same key,
@@ -151,7 +204,8 @@ class FollowerGovernor:
         self.context_key = context_key
         self.previous_context_keys = previous
         self.audit_broken: str | None = None
-        self._specs: OrderedDict[str, DonorSpec] = OrderedDict()
+        self.pending = PendingDonors(settings.tp_pending_donors_per_tenant)
+        self.missed: list[str] = []  # NOTE: adds this rank held no copy of, since the cache last looked
         self._donors: dict[str, LiveDonor] = {}
         self._by_scope: dict[str, OrderedDict[str, None]] = {}
 
@@ -168,26 +222,32 @@ class FollowerGovernor:
 
     # ---- the registry, as the leader's messages say ------------------------------------------
 
-    def submit_donor(self, spec: DonorSpec) -> None:
-        """Keep this rank's copy of a finished request until the leader says it registered it."""
-        self._specs[spec.donor_id] = spec
-        while len(self._specs) > _MAX_SPECS:
-            lost, _ = self._specs.popitem(last=False)
-            get_logger().warning("semgov TP follower forgot an unregistered donor", donor_id=lost)
+    def submit_donor(self, spec: DonorSpec) -> bool:
+        """Keep this rank's copy of a finished request until the leader settles it (False: over its
+        tenant's quota, as on every rank: not a donor)."""
+        return self.pending.admit(spec)
 
     def replay(self, ops: tuple[DonorOp, ...]) -> list[str]:
-        """Apply the leader's registry changes, in order. Returns what could not be applied."""
+        """Apply the leader's registry changes, in order. Returns what could not be applied.
+
+        An ``add`` of a donor this rank holds no copy of is not a problem: it is listed in
+        :attr:`missed`, and every rank forgets that round's new donors before any is used
+        (:meth:`~engine_hooks.sglang.cache.GovernedRadixCache.sync_round`).
+        """
         problems: list[str] = []
         for op in ops:
             if op.kind == "drop":
                 self.drop_donor(op.donor_id)
                 continue
             if op.kind == "forget":
-                self._specs.pop(op.donor_id, None)
+                self.pending.settle(op.donor_id)
                 continue
-            spec = self._specs.pop(op.donor_id, None)
+            spec = self.pending.settle(op.donor_id)
             if spec is None:
-                problems.append(f"donor {op.donor_id} was never finished on this rank")
+                self.missed.append(op.donor_id)
+                get_logger().warning(
+                    "semgov TP follower has no copy of a donor: forgotten", donor_id=op.donor_id
+                )
                 continue
             scope = spec.context.scope(self.context_key, spec.cache_salt)
             if (scope, spec.cache_key, len(spec.token_ids)) != (op.scope, op.cache_key, op.n_tokens):

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from engine_hooks.sglang.canary import (
+    DISABLED,
     STATE_FILE,
     Canaries,
     Canary,
@@ -22,17 +23,28 @@ from engine_hooks.sglang.canary import (
     compare,
     load_state,
     plain_greedy,
+    replay_params,
     save_state,
     scope_of,
 )
+from engine_hooks.sglang.context import RequestContext
 
 TASK = {"id": "qa", "version": "1"}
 CONTRACT = {"id": "answer-json", "schema_sha256": "a" * 64}
 OTHER = {"id": "summary", "version": "1"}
 
 
-def _canary(warm: tuple[int, ...] = (5, 6, 7), task: dict[str, str] = TASK, rid: str = "r") -> Canary:
-    return Canary(rid, "dec", "donor", scope_of(task, CONTRACT), (1, 2, 3), warm)
+def _ctx(
+    task: dict[str, str] = TASK, tenant: str = "acme", namespace: str = "ns1", lora: str | None = None
+) -> RequestContext:
+    """A verified request context of that scope."""
+    return RequestContext(tenant, namespace, dict(task), dict(CONTRACT), None, lora)
+
+
+def _canary(
+    warm: tuple[int, ...] = (5, 6, 7), task: dict[str, str] = TASK, rid: str = "r", tenant: str = "acme"
+) -> Canary:
+    return Canary(rid, "dec", "donor", scope_of(_ctx(task, tenant)), (1, 2, 3), warm)
 
 
 def test_compare_finds_the_first_difference_or_none() -> None:
@@ -66,7 +78,7 @@ def _req(**sp: Any) -> Any:
     base = dict(
         top_k=1, n=1, beam_width=None, frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0,
         min_new_tokens=0, json_schema=None, regex=None, ebnf=None, structural_tag=None, logit_bias=None,
-        custom_params=None,
+        custom_params=None, temperature=1.0, top_p=1.0, min_p=0.0, watermark=None,
     )  # fmt: skip
     base.update(sp)
     return SimpleNamespace(sampling_params=SimpleNamespace(**base), custom_logit_processor=None)
@@ -103,12 +115,12 @@ def test_budget_zero_turns_the_scope_off_at_the_first_regression_only_there() ->
     assert book.record(_canary(), [5, 6, 8], None, "t1")
     other = _canary(task=OTHER)
     assert not book.record(other, [5, 6, 7], None, "t2")
-    assert book.disabled == {scope_of(TASK, CONTRACT)}
+    assert book.disabled == {scope_of(_ctx())}
     kinds = [(e.kind, e.detail.split(":")[0]) for e in book.take_events()]
     assert kinds == [
         ("canary", "match"),
         ("canary", "regression at output token 2"),
-        ("shifted_reuse_disabled", 'shifted reuse off for {"response_contract"'),
+        ("shifted_reuse_disabled", 'shifted reuse off for {"lora_id"'),
         ("canary", "match"),
     ]
     assert book.take_events() == []
@@ -129,7 +141,7 @@ def test_a_new_live_revision_clears_what_canaries_found_under_the_old_one() -> N
 def test_a_budget_tolerates_that_many_regressions() -> None:
     """With budget 2 the third regression turns the scope off, and only once."""
     book = CanaryBook(CanarySettings(budget=2), "rev1")
-    assert [book.record(_canary(), [0], None, "t") for _ in range(4)] == [False, False, True, False]
+    assert [book.record(_canary(), [0], None, "t") for _ in range(4)] == [None, None, DISABLED, None]
     assert sum(e.kind == "shifted_reuse_disabled" for e in book.take_events()) == 1
 
 
@@ -159,17 +171,19 @@ def test_state_survives_a_restart_under_the_same_policy_revision_only(tmp_path: 
     path = tmp_path / STATE_FILE
     save_state(path, book.state())
     again = CanaryBook(CanarySettings(), "rev1")
-    assert again.restore(load_state(path)).startswith("1 scope")
+    assert again.restore(load_state(path)) == (True, "1 scope(s) off, 0 trusted, restored")
     assert again.disabled == book.disabled
     fresh = CanaryBook(CanarySettings(), "rev2")
-    assert "cleared by the new revision" in fresh.restore(load_state(path)) and fresh.disabled == frozenset()
-    assert "not a canary state file" in fresh.restore({"schema": "x"})
+    assert (
+        "cleared by the new revision" in fresh.restore(load_state(path))[1] and fresh.disabled == frozenset()
+    )
+    assert "nothing restored" in fresh.restore({"schema": "x"})[1]
     (tmp_path / "bad.json").write_text("{")
     assert "unreadable" in str(load_state(tmp_path / "bad.json"))
     assert load_state(tmp_path / "none.json") is None
     broken = json.loads(path.read_text())
-    broken["disabled"][0]["task"] = {"id": 5, "version": "1"}
-    assert "malformed" in CanaryBook(CanarySettings(), "rev1").restore(broken)
+    broken["scopes"][0]["task"] = {"id": 5, "version": "1"}
+    assert "malformed" in CanaryBook(CanarySettings(), "rev1").restore(broken)[1]
 
 
 def _wait(cond: Any, timeout: float = 10.0) -> None:
@@ -202,16 +216,16 @@ def test_canaries_sample_replay_when_idle_audit_and_persist(tmp_path: Path) -> N
         req = _req()
         req.output_ids, req.origin_input_ids = [5, 6, 7], [1, 2, 3]
         can.busy()
-        assert can.offer(req, request_id="r1", decision_id="d", donor_id="o", task=TASK, contract=CONTRACT)
+        assert can.offer(req, request_id="r1", decision_id="d", donor_id="o", ctx=_ctx())
         time.sleep(0.1)
         assert sent == []  # NOTE: requests were waiting a moment ago: not idle yet
         _wait(lambda: len(events) == 2)
         assert can.marker.verify(sent[0][0]) and sent[0][1] == [1, 2, 3]
         assert [e.kind for e in events] == ["canary", "shifted_reuse_disabled"]
         assert events[0].compared == 2 and events[0].detail == "regression at output token 1: warm 6, cold 7"
-        assert can.off_for(TASK, CONTRACT) and not can.off_for(OTHER, CONTRACT)
+        assert can.off_for(_ctx()) and not can.off_for(_ctx(OTHER))
         state = json.loads((tmp_path / STATE_FILE).read_text())
-        assert state["policy_revision"] == "rev1" and state["disabled"][0]["task"] == TASK
+        assert state["policy_revision"] == "rev1" and state["scopes"][0]["task"] == TASK
         assert can.stats()["shifted_reuse_off_scopes"] == 1
     finally:
         can.close()
@@ -220,7 +234,7 @@ def test_canaries_sample_replay_when_idle_audit_and_persist(tmp_path: Path) -> N
         state_path=tmp_path / STATE_FILE, clock=lambda: "t",
     )  # fmt: skip
     try:
-        assert restarted.off_for(TASK, CONTRACT)
+        assert restarted.off_for(_ctx())
     finally:
         restarted.close()
 
@@ -236,10 +250,10 @@ def test_an_unwritable_state_file_still_audits_and_keeps_the_scope_off(tmp_path:
     try:
         req = _req()
         req.output_ids, req.origin_input_ids = [5], [1, 2]
-        assert can.offer(req, request_id="r1", decision_id="d", donor_id="o", task=TASK, contract=CONTRACT)
+        assert can.offer(req, request_id="r1", decision_id="d", donor_id="o", ctx=_ctx())
         _wait(lambda: len(events) == 2)
         assert [e.kind for e in events] == ["canary", "shifted_reuse_disabled"]
-        assert can.off_for(TASK, CONTRACT) and not (tmp_path / "missing-dir").exists()
+        assert can.off_for(_ctx()) and not (tmp_path / "missing-dir").exists()
     finally:
         can.close()
 
@@ -254,15 +268,170 @@ def test_sampling_rate_and_greedy_gate_what_is_offered() -> None:
     try:
         req = _req()
         req.output_ids, req.origin_input_ids = [5], [1]
-        kw: dict[str, Any] = dict(
-            request_id="r", decision_id=None, donor_id=None, task=TASK, contract=CONTRACT
-        )
+        kw: dict[str, Any] = dict(request_id="r", decision_id=None, donor_id=None, ctx=_ctx())
         assert not can.offer(req, **kw)  # 0.9 >= 0.25
         sampling = _req(top_k=50)
         sampling.output_ids, sampling.origin_input_ids = [5], [1]
         assert not can.offer(sampling, **kw)  # 0.1 < 0.25, but not greedy
     finally:
         can.close()
+
+
+# ---- issue 31: per scope, per tenant, fail closed, the same computation ---------------------------
+
+
+def test_one_tenants_regressions_never_turn_shifted_reuse_off_for_another_scope() -> None:
+    """A regression in tenant acme's scope turns shifted reuse off there only: not for another tenant,
+    namespace or LoRA adapter with the same task and contract, whose counts stay apart."""
+    book = CanaryBook(CanarySettings(budget=0), "rev1")
+    assert book.record(_canary(), [0], None, "t") == DISABLED
+    others = [_ctx(tenant="globex"), _ctx(namespace="other"), _ctx(lora="adapter-1")]
+    assert all(scope_of(c) not in book.disabled for c in others)
+    assert book.disabled == {scope_of(_ctx())} and len({scope_of(c) for c in [_ctx(), *others]}) == 4
+    assert book.record(Canary("g", None, None, scope_of(others[0]), (1,), (5,)), [5], None, "t") is None
+    assert book.counts[scope_of(others[0])].regressions == 0
+
+
+def test_one_tenants_burst_cannot_crowd_another_tenant_out_of_the_canary_queue() -> None:
+    """A tenant's canaries take at most its share of the queue: past it they are dropped, and
+    another tenant's canary is still queued."""
+    book = CanaryBook(CanarySettings(queue=16, tenant_queue=2), "rev1")
+    assert [book.offer(_canary(rid=f"a{i}")) for i in range(5)] == [True, True, False, False, False]
+    assert book.offer(_canary(rid="g", tenant="globex")) and book.dropped == 3 and book.pending() == 3
+
+
+def test_the_state_file_is_keyed_by_the_full_scope(tmp_path: Path) -> None:
+    """Each entry of canary-state.json names tenant, namespace, task, contract and adapter, and a
+    restart restores exactly that scope."""
+    book = CanaryBook(CanarySettings(), "rev1")
+    book.record(Canary("r", None, None, scope_of(_ctx(lora="ad")), (1,), (5,)), [6], None, "t")
+    entry = book.state()["scopes"][0]
+    assert (entry["tenant"], entry["namespace"], entry["lora_id"]) == ("acme", "ns1", "ad")
+    save_state(tmp_path / STATE_FILE, book.state())
+    again = CanaryBook(CanarySettings(), "rev1")
+    assert again.restore(load_state(tmp_path / STATE_FILE))[0]
+    assert again.disabled == {scope_of(_ctx(lora="ad"))}
+
+
+def _restart(tmp_path: Path, probation: int = 2) -> Canaries:
+    """The hook's canaries after a restart with the state file as it now is."""
+    return Canaries(
+        CanarySettings(rate=0.0, probation=probation), revision="rev1", replay=lambda c, k: [],
+        audit=lambda e: None, state_path=tmp_path / STATE_FILE, clock=lambda: "t",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated", "old-schema", "one-bad-entry"])
+def test_a_lost_or_damaged_state_file_never_re_enables_shifted_reuse_unmeasured(
+    tmp_path: Path, damage: str
+) -> None:
+    """Delete, truncate or replace the state file and restart: no scope is trusted unmeasured (a
+    request no canary can replay gets no shifted KV, the metric says the state was not restored);
+    entries that still parse keep their scopes off; a scope is trusted again only after
+    ``probation`` matching canaries."""
+    book = CanaryBook(CanarySettings(probation=2), "rev1")
+    book.record(_canary(), [0], None, "t")  # acme qa: off
+    for _ in range(2):
+        book.record(_canary(task=OTHER), [5, 6, 7], None, "t")  # acme summary: trusted
+    assert book.trusted == {scope_of(_ctx(OTHER))}
+    path = tmp_path / STATE_FILE
+    save_state(path, book.state())
+    full = _restart(tmp_path)
+    assert full.stats()["canary_state_restored"] == 1 and full.shifted_ok(_ctx(OTHER), _req(top_k=50))
+    full.close()
+    if damage == "deleted":
+        path.unlink()
+    elif damage == "truncated":
+        path.write_bytes(path.read_bytes()[:40])
+    elif damage == "old-schema":
+        path.write_text(json.dumps({"schema": "semgov.canary_state/v1", "policy_revision": "rev1"}))
+    else:
+        doc = json.loads(path.read_text())
+        doc["scopes"].append({"tenant": 7})
+        path.write_text(json.dumps(doc))
+    can = _restart(tmp_path)
+    try:
+        assert can.stats()["canary_state_restored"] == 0
+        assert not can.shifted_ok(_ctx(OTHER), _req(top_k=50))  # NOTE: trusted before, unmeasured now
+        assert can.shifted_ok(_ctx(OTHER), _req())  # ... except for a request a canary replays
+        if damage == "one-bad-entry":
+            assert can.off_for(_ctx()) and not can.shifted_ok(_ctx(), _req())  # NOTE: entries that parse
+        for _ in range(2):
+            can.book.record(_canary(task=OTHER), [5, 6, 7], None, "t")
+        assert can.shifted_ok(_ctx(OTHER), _req(top_k=50))
+    finally:
+        can.close()
+
+
+def test_a_scope_on_probation_replays_every_replayable_request() -> None:
+    """On probation every replayable request is offered whatever the rate; once trusted, the rate
+    samples again."""
+    can = Canaries(
+        CanarySettings(rate=0.0, probation=1), revision="r", replay=lambda c, k: [], audit=lambda e: None,
+        state_path=None, clock=lambda: "t",
+    )  # fmt: skip
+    try:
+        req = _req()
+        req.output_ids, req.origin_input_ids = [5], [1]
+        kw: dict[str, Any] = dict(request_id="r", decision_id=None, donor_id=None, ctx=_ctx())
+        assert can.offer(req, **kw)
+        canary = can.book.next()
+        assert canary is not None and can.book.record(canary, [5], None, "t") == "trusted"
+        assert not can.offer(req, **kw)  # NOTE: rate 0 once trusted
+    finally:
+        can.close()
+
+
+@pytest.mark.parametrize(
+    "field", ["lora_id", "multimodal_inputs", "input_embeds", "token_type_ids", "positional_embed_overrides"]
+)
+def test_a_request_a_replay_cannot_reproduce_is_never_sampled(field: str) -> None:
+    """A request whose answer an adapter, media, embeddings, token types or positional overrides shape
+    cannot be replayed through /generate with its input ids: it is not sampled (nor is a watermark)."""
+    req = _req()
+    assert replay_params(req) is not None
+    setattr(req, field, object())
+    assert replay_params(req) is None
+    assert replay_params(_req(watermark=object())) is None
+
+
+def test_the_replay_sends_the_requests_own_sampling_parameters() -> None:
+    """The replay's sampling parameters are the request's own (normalized) ones, sent explicitly so
+    the server's defaults cannot differ, with exactly as many tokens and ignore_eos."""
+    import http.server
+
+    from engine_hooks.sglang.canary import http_replay
+
+    got: list[dict[str, Any]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            body = json.dumps({"output_ids": [5, 6]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=srv.handle_request, daemon=True)
+    t.start()
+    try:
+        params = replay_params(_req(top_p=0.5, min_p=0.1))
+        assert params is not None
+        canary = Canary("r", None, None, scope_of(_ctx()), (1, 2), (5, 6), params)
+        assert http_replay("127.0.0.1", srv.server_address[1], None, 10.0)(canary, "k") == [5, 6]
+    finally:
+        t.join(10)
+        srv.server_close()
+    sp = got[0]["sampling_params"]
+    assert sp == {
+        "temperature": 1.0, "top_p": 0.5, "top_k": 1, "min_p": 0.1, "frequency_penalty": 0.0,
+        "presence_penalty": 0.0, "repetition_penalty": 1.0, "max_new_tokens": 2, "ignore_eos": True,
+    }  # fmt: skip
 
 
 # ---- in the hook, on real SGLang objects ----------------------------------------------------------
@@ -297,17 +466,18 @@ def _greedy_finish(h: Any, req: Any, outputs: list[int]) -> None:
     h.finish(req, len(outputs))
 
 
-def _pair(h: Any, seed: int, task: dict[str, str], rid: str) -> Any:
+def _pair(h: Any, seed: int, task: dict[str, str], rid: str, tenant: str = "acme") -> Any:
     """A donor run to completion and its recipient, in ``task``'s scope; returns the recipient."""
     from tests.sglang_hook.scenario import blocks
 
     b = blocks(seed)
     lay = b.donor()
-    d = h.new_req(f"{rid}-donor", lay.tokens, h.context(segments=lay.segments, task=task), text=lay.text)
+    ctx = h.context(tenant=tenant, segments=lay.segments, task=task)
+    d = h.new_req(f"{rid}-donor", lay.tokens, ctx, text=lay.text)
     h.run(d)
     h.finish(d)
     r = b.recipient()
-    return h.new_req(rid, r.tokens, h.context(segments=r.segments, task=task), text=r.text)
+    return h.new_req(rid, r.tokens, h.context(tenant=tenant, segments=r.segments, task=task), text=r.text)
 
 
 def test_a_realized_shifted_recipient_is_replayed_and_a_regression_turns_its_scope_off(
@@ -338,7 +508,7 @@ def test_a_realized_shifted_recipient_is_replayed_and_a_regression_turns_its_sco
         and sent[0][1] == list(first.origin_input_ids)
         and sent[0][2] == (7, 8, 9)
     )
-    assert can.off_for(TASK, CONTRACT)
+    assert can.off_for(_ctx())
 
     again = _pair(h, 12, TASK, "r2")
     h.run(again)
@@ -385,3 +555,55 @@ def test_a_canary_replay_gets_a_key_of_its_own_no_reuse_and_never_becomes_a_dono
     fst = state_of(forged)
     assert fst is not None and not fst.canary and fst.cache_key.startswith("semgov:anon:")
     h.finish(forged)
+
+
+def test_in_the_hook_one_tenants_regression_leaves_another_tenants_shifted_reuse_on(
+    make_harness: Any,
+) -> None:
+    """A regression in acme's qa scope turns shifted reuse off for acme's next qa recipient only:
+    globex's qa recipient (same task and contract) still gets shifted KV."""
+    from engine_hooks.sglang.cache import state_of
+
+    h = make_harness()
+    events: list[CanaryEvent] = []
+    can = _attach(h, lambda c, k: [c.warm[0] + 1, 0, 0], events)
+    first = _pair(h, 31, TASK, "a1")
+    h.run(first)
+    _greedy_finish(h, first, [7, 8, 9])
+    _wait(lambda: len(events) == 2)
+    assert can.off_for(_ctx()) and not can.off_for(_ctx(tenant="globex"))
+    again, other = _pair(h, 32, TASK, "a2"), _pair(h, 33, TASK, "g1", tenant="globex")
+    h.run(again)
+    h.run(other)
+    st, st_other = state_of(again), state_of(other)
+    assert st is not None and not st.shifted and st.realizations == 0
+    assert st_other is not None and st_other.shifted and st_other.realizations == 1
+
+
+def test_in_the_hook_a_scope_on_probation_gives_shifted_kv_only_to_a_replayable_request(
+    make_harness: Any,
+) -> None:
+    """Before its scope has a matching canary (probation 1), a sampled recipient gets no shifted KV
+    (the policy still allows it) and a greedy one does; after one match the sampled one does too."""
+    from engine_hooks.sglang.cache import state_of
+
+    h = make_harness()
+    events: list[CanaryEvent] = []
+    _attach(h, lambda c, k: list(c.warm), events, probation=1)
+    sampled = _pair(h, 41, TASK, "s1")
+    h.run(sampled)
+    st = state_of(sampled)
+    assert st is not None and [d.decision for d in st.decisions] == ["allow"] and not st.shifted
+    h.finish(sampled)
+    greedy = _pair(h, 42, TASK, "g1")
+    greedy.sampling_params.top_k = 1
+    h.run(greedy)
+    st = state_of(greedy)
+    assert st is not None and st.shifted and st.realizations == 1
+    _greedy_finish(h, greedy, [7, 8, 9])
+    _wait(lambda: len(events) == 1)
+    assert events[0].detail.startswith("match") and "probation over" in events[0].detail
+    later = _pair(h, 43, TASK, "s2")
+    h.run(later)
+    st = state_of(later)
+    assert st is not None and st.shifted and st.realizations == 1

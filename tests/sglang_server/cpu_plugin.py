@@ -90,7 +90,7 @@ def _install_degrade(task_id: str) -> None:
 
 def _install_follower_forgets() -> None:
     """A fault for the TP divergence test: non-leader ranks drop every finished request instead
-    of keeping it as a donor, so the leader's next registration cannot be replayed there."""
+    of keeping it as a donor, so the leader's next registration finds no copy there (forgotten)."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     def forget(original: Any, gov: Any, spec: Any) -> None:

@@ -42,8 +42,9 @@ def test_ranks_stay_in_lockstep_under_concurrent_mixed_traffic(servers: Any) -> 
     assert_healthy(server)
 
 
-def test_a_rank_that_cannot_follow_turns_reuse_off_on_every_rank(servers: Any) -> None:
-    """Rank 1 lacks a donor rank 0 registered: every rank turns reuse off, audited; serving goes on cold."""
+def test_a_rank_that_misses_donors_forgets_them_and_reuse_stays_on(servers: Any) -> None:
+    """Rank 1 lacks every donor rank 0 registers: every rank forgets those donors (their recipients run
+    cold on both ranks) and semantic reuse is not turned off (issue 31: before, it went off everywhere)."""
     server = servers("tp2-diverge")
     gw = server.gateway
     p = pair_prompts("tp-diverge", e_len=1024)
@@ -58,9 +59,7 @@ def test_a_rank_that_cannot_follow_turns_reuse_off_on_every_rank(servers: Any) -
     assert d2.ok and r2.ok, (d2.error, r2.error)
     audit = summarize(read_audit(server.files.audit_dir))
     assert not audit.realized, audit.realized  # cold, both times
-    (off,) = [v for v in audit.violations if v.get("kind") == "reuse_disabled"]
-    assert "tensor-parallel ranks cannot follow one plan" in str(off.get("detail")), off
-    assert not [v for v in audit.violations if v.get("kind") == "invariant_violation"]
+    assert not [v for v in audit.violations if v.get("kind") in ("reuse_disabled", "invariant_violation")]
     assert server.alive() and server.healthy(timeout=60)
     assert not server.fatal_lines(), server.fatal_lines()
-    assert "semgov TP round not applied" in server.log_text()  # rank 1 said why
+    assert "has no copy of a donor: forgotten" in server.log_text()  # rank 1 said why
