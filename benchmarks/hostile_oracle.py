@@ -658,13 +658,24 @@ def _task_problems(v: Any) -> list[str]:
             if not (isinstance(v[k], str) and 1 <= len(v[k]) <= 512)]  # fmt: skip
 
 
-def judge_context(extra_key: object, lora_id: object, key: bytes) -> ContextJudgement:
+def judge_context(
+    extra_key: object,
+    lora_id: object,
+    key: bytes,
+    *,
+    audience: str,
+    now: int,
+    max_lifetime_s: int,
+) -> ContextJudgement:
     """Judge an ``extra_key`` and the request's server-side ``lora_id`` against the gateway contract.
 
     Valid iff: ``extra_key`` is the token followed by exactly ``lora_id`` (nothing without one); the
     token is ``semgov1.<P>.<M>`` within 16,384 characters, ``M`` the unpadded base64url of
     HMAC-SHA256(key, "semgov1." + P), ``P`` canonical unpadded base64url of UTF-8 bytes that are
-    strict JSON and exactly their own RFC 8785 form, of an object with the documented members.
+    strict JSON and exactly their own RFC 8785 form, of an object with the documented members;
+    its claims: ``kid`` the unpadded base64url of the first 12 bytes of SHA-256(b"semgov.context-
+    key-id/v1\\0" + key), ``aud`` exactly ``audience``, ``exp`` an integer (not a boolean) with
+    ``now < exp <= now + max_lifetime_s``.
     """
     text, lora = _plain_text(extra_key), _plain_text(lora_id)
     if text is None:
@@ -706,6 +717,15 @@ def judge_context(extra_key: object, lora_id: object, key: bytes) -> ContextJudg
     if not isinstance(doc, dict):
         return ContextJudgement(["payload is not an object"])
     probs: list[str] = []
+    kid = base64.urlsafe_b64encode(hashlib.sha256(b"semgov.context-key-id/v1\x00" + key).digest()[:12])
+    if doc.get("kid") != kid.decode("ascii").rstrip("="):
+        probs.append("kid is not the MAC key's id")
+    if doc.get("aud") != audience:
+        probs.append("aud is not this deployment")
+    exp = doc.get("exp")
+    if type(exp) is not int or not now < exp <= now + max_lifetime_s:
+        probs.append("exp is not an integer within (now, now + max lifetime]")
+    doc = {k: v for k, v in doc.items() if k not in ("aud", "exp", "kid")}
     if set(doc) - _CONTEXT_FIELDS:
         probs.append("unknown member")
     if not {"tenant", "namespace", "task", "response_contract"} <= set(doc):

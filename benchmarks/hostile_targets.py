@@ -2078,6 +2078,9 @@ def _same_int(x: Any, want: int) -> bool:
 CONTEXT_KEY = b"semgov-hostile-campaign-context-key-01"
 CONTEXT_WRONG_KEY = b"semgov-hostile-campaign-context-key-02"
 CONTEXT_LORA = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"  # what SGLang's lora_id looks like (uuid hex)
+CONTEXT_AUDIENCE = "hostile-campaign"
+CONTEXT_NOW = 1_800_000_000  # the verifier's clock (Unix seconds): tokens expire relative to it
+CONTEXT_LIFETIME_S = 3600
 _SEP = b"\x1f"
 _B64URL_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 _CONTEXT_CHARS = ("\udcff", "\ud800", "\udfff", "\ud83d", "\u00e9", "\u202e", "\x00", "\U0001f600", "\ufeff",
@@ -2249,13 +2252,14 @@ class ContextTarget(Target):
     max_len = 40000
 
     def seeds(self) -> list[bytes]:
-        from engine_hooks.sglang.context import make_context_token
+        from engine_hooks.sglang.context import key_id, make_context_token
 
         task, contract = {"id": "qa", "version": "1"}, {"id": "answer-json", "schema_sha256": "a" * 64}
 
         def tok(**over: Any) -> str:
             args: dict[str, Any] = {"tenant": "acme", "namespace": "ns1", "task": task,
-                                    "response_contract": contract}  # fmt: skip
+                                    "response_contract": contract, "audience": CONTEXT_AUDIENCE,
+                                    "expires_at": CONTEXT_NOW + 300}  # fmt: skip
             args.update(over)
             return make_context_token(CONTEXT_KEY, **args)
 
@@ -2270,7 +2274,8 @@ class ContextTarget(Target):
         # make_context_token refuses a longer one).
         def length(n: int) -> int:
             doc = {"namespace": "ns1", "response_contract": contract, "task": task, "tenant": "acme",
-                   "segments": [["other", i, i + 1] for i in range(n)]}  # fmt: skip
+                   "segments": [["other", i, i + 1] for i in range(n)], "aud": CONTEXT_AUDIENCE,
+                   "exp": CONTEXT_NOW + 300, "kid": key_id(CONTEXT_KEY)}  # fmt: skip
             return len(_context_token(canonical(doc) or b""))
 
         lo, hi = 1, 4096
@@ -2301,7 +2306,21 @@ class ContextTarget(Target):
         token = extra[: len(extra) - len(suffix)] if suffix else extra
         _, payload, mac = token.split(".")
         doc = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-        k = ch.int(0, 17)
+        k = ch.int(0, 18)
+        if k == 18:  # the claims: expired, too long-lived, another audience or key, ill-typed
+            claim = ch.pick(("exp", "aud", "kid"))
+            doc[claim] = ch.pick({
+                "exp": (CONTEXT_NOW, CONTEXT_NOW - 1, CONTEXT_NOW + 1, CONTEXT_NOW + CONTEXT_LIFETIME_S,
+                        CONTEXT_NOW + CONTEXT_LIFETIME_S + 1, 0, -1, 2**53, 1.5, str(CONTEXT_NOW + 60), True),
+                "aud": ("", "hostile-campaign ", "Hostile-campaign", "other", 7, None, ["hostile-campaign"]),
+                "kid": ("", "A" * 16, str(doc.get("kid", ""))[:-1], 0, None),
+            }[claim])  # fmt: skip
+            if ch.chance(0.2):
+                del doc[claim]
+            raw = canonical(doc)
+            return ctx_encode(
+                _context_token(raw if raw is not None else json.dumps(doc).encode()) + suffix, lora, salt
+            )
         if k <= 1:  # the campaign's generic text surgery, on extra_key as sent
             extra, _ = mutate_text(
                 ch, extra, _CONTEXT_CHARS, ("semgov1.", ".", "=", "-", "_", CONTEXT_LORA, mac)
@@ -2478,18 +2497,31 @@ class ContextTarget(Target):
         return "semgov1." + other + "." + _context_mac(other)
 
     def run(self, data: bytes) -> Verdict:
-        from engine_hooks.sglang.context import ContextError, anonymous_cache_key, parse_context_token
+        from engine_hooks.sglang.context import (
+            ContextError,
+            ContextKeys,
+            anonymous_cache_key,
+            parse_context_token,
+        )
 
         v = Verdict()
         extra, lora, salt = ctx_decode(data)
         anon = call(anonymous_cache_key, CONTEXT_KEY, extra, lora, salt, label="anonymous_cache_key")
         if not _key_shape(anon, "semgov:anon:"):
             v.crashes.append("anonymous key is not semgov:anon: + 32 hex")
+        keys = ContextKeys(CONTEXT_KEY, CONTEXT_AUDIENCE, (), CONTEXT_LIFETIME_S)
         got = call(
-            parse_context_token, CONTEXT_KEY, extra, lora_id=lora, allowed=(ContextError,),
+            parse_context_token, keys, extra, lora_id=lora, now=CONTEXT_NOW, allowed=(ContextError,),
             label="parse_context_token",
         )  # fmt: skip
-        j = judge_context(extra, lora, CONTEXT_KEY)
+        j = judge_context(
+            extra,
+            lora,
+            CONTEXT_KEY,
+            audience=CONTEXT_AUDIENCE,
+            now=CONTEXT_NOW,
+            max_lifetime_s=CONTEXT_LIFETIME_S,
+        )
         if isinstance(got, ContextError):
             msg = str(got)
             v.reasons.append(norm(msg))
@@ -2535,3 +2567,13 @@ TARGETS: dict[str, type[Target]] = {
         ContextTarget,
     )
 }
+
+
+def _late_targets() -> None:
+    """Targets kept in their own modules (they import this one)."""
+    from benchmarks.hostile_vllm import VllmBodyTarget
+
+    TARGETS[VllmBodyTarget.name] = VllmBodyTarget
+
+
+_late_targets()

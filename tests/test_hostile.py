@@ -76,7 +76,12 @@ def test_every_seed_is_valid_and_accepted(targets: dict[str, Target]) -> None:
         for i, s in enumerate(t.seed_list):
             v = t.run(s)
             assert not (v.crashes or v.allows), (name, i, v)
-            if name not in ("captured", "provenance", "policy_input"):  # seeds may rightly be denied
+            if name not in (
+                "captured",
+                "provenance",
+                "policy_input",
+                "vllm_body",
+            ):  # seeds may rightly be denied
                 assert v.accepted, (name, i, v.reasons[:3])
 
 
@@ -579,11 +584,11 @@ def test_oracle_catches_a_context_parser_that_ignores_the_lora_binding(
 
     real = context.parse_context_token
 
-    def lax(key: bytes, extra_key: object, *, lora_id: object = None) -> Any:
+    def lax(keys: Any, extra_key: object, *, lora_id: object = None, now: float | None = None) -> Any:
         if isinstance(extra_key, str) and extra_key.count(".") >= 2:
             head, payload, rest = extra_key.split(".", 2)
             extra_key = f"{head}.{payload}.{rest[:43]}"
-        return real(key, extra_key)
+        return real(keys, extra_key, now=now)
 
     monkeypatch.setattr(context, "parse_context_token", lax)
     t = _campaign(targets["context"], 200, tmp_path)
@@ -599,14 +604,55 @@ def test_oracle_catches_a_context_parser_that_raises_other_errors(
 
     real = context.parse_context_token
 
-    def ascii_first(key: bytes, extra_key: Any, *, lora_id: object = None) -> Any:
+    def ascii_first(keys: Any, extra_key: Any, *, lora_id: object = None, now: float | None = None) -> Any:
         extra_key.encode("ascii")
-        return real(key, extra_key, lora_id=lora_id)
+        return real(keys, extra_key, lora_id=lora_id, now=now)
 
     monkeypatch.setattr(context, "parse_context_token", ascii_first)
     t = _campaign(targets["context"], 200, tmp_path)
     assert any(k.startswith("UnicodeEncodeError") for k in t.kinds["crash"]), t.kinds["crash"]
     assert any(k.startswith("AttributeError") for k in t.kinds["crash"]), t.kinds["crash"]
+
+
+def test_oracle_catches_a_context_parser_that_lets_tokens_outlive_their_claims(
+    targets: dict[str, Target], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With a planted parser whose tokens never expire (a clock stuck at the epoch, no lifetime bound:
+    what every token was before issue 31), the campaign counts allows."""
+    import dataclasses
+
+    import engine_hooks.sglang.context as context
+
+    real = context.parse_context_token
+
+    def timeless(keys: Any, extra_key: Any, *, lora_id: object = None, now: float | None = None) -> Any:
+        lax = dataclasses.replace(keys, max_lifetime_s=2**62)
+        return real(lax, extra_key, lora_id=lora_id, now=0)  # a clock at the epoch: nothing expires
+
+    monkeypatch.setattr(context, "parse_context_token", timeless)
+    t = _campaign(targets["context"], 600, tmp_path)
+    assert any("exp" in k for k in t.kinds["allow"]), t.kinds["allow"]
+
+
+def test_oracle_catches_a_middleware_that_passes_salts_it_cannot_scope(
+    targets: dict[str, Target], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With a planted scope_body that passes bodies it cannot parse unchecked (the class of the
+    route-list bug: a client salt reaching vLLM unscoped), the campaign counts allows."""
+    import engine_hooks.vllm.scope as scope
+
+    real = scope.scope_body
+
+    def unchecked(keys: Any, body: bytes) -> Any:
+        try:
+            json.loads(body)
+        except (ValueError, RecursionError):
+            return body, None
+        return real(keys, body)
+
+    monkeypatch.setattr(scope, "scope_body", unchecked)
+    t = _campaign(targets["vllm_body"], 300, tmp_path)
+    assert any("cannot parse" in k for k in t.kinds["allow"]), t.kinds["allow"]
 
 
 # ---- the command -------------------------------------------------------------------------------------------

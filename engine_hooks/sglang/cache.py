@@ -277,12 +277,16 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
                 # shared), no context (no semantic reuse, never a donor).
                 canary, derived = True, f"{KEY_PREFIX}canary:{self.boot}-{serial}"
             else:
-                ctx = self.gov.context_of(sent, lora)
-                derived = (
-                    ctx.cache_key(key, salt)
-                    if ctx is not None
-                    else anonymous_cache_key(key, sent, lora, salt)
-                )
+                verdict = self.gov.verdict_of(sent, lora)
+                ctx = verdict.context
+                if ctx is not None:
+                    derived = ctx.cache_key(key, salt)
+                elif verdict.refused is not None:
+                    # NOTE: a token that was sent and does not verify (expired, another audience, a
+                    # key this server does not hold) never lands in a shared bucket: a key of its own.
+                    derived = f"{KEY_PREFIX}anon:refused:{self.boot}-{serial}"
+                else:
+                    derived = anonymous_cache_key(key, sent, lora, salt)
         except Exception as e:  # noqa: BLE001 - a key that cannot be derived shares nothing
             self._hook_error("context", None, e)
             ctx, derived = None, f"{KEY_PREFIX}anon:isolated:{self.boot}-{serial}"

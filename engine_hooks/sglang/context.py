@@ -7,7 +7,13 @@ that the hook verifies with a shared HMAC key:
 
     semgov1.<base64url(RFC 8785 JSON of the context)>.<base64url(HMAC-SHA256(key, "semgov1." + payload))>
 
-base64url is unpadded and canonical (the MAC is exactly 43 characters). SGLang appends the
+base64url is unpadded and canonical (the MAC is exactly 43 characters). Besides the context the
+payload carries three claims, all required: ``kid`` (:func:`key_id` of the key that MACs it),
+``aud`` (the deployment the gateway meant: ``SEMGOV_CONTEXT_AUDIENCE``) and ``exp`` (integer Unix
+seconds). A token is refused at or after ``exp``, and when ``exp`` lies further ahead than the
+verifier's maximum lifetime. Every component that reads a token verifies it with
+:func:`parse_context_token` and one :class:`ContextKeys` (the current key, during a rotation the
+previous one, the audience and the lifetime bound): one verifier, one key set, one result. SGLang appends the
 request's LoRA id to ``extra_key`` (``extra_key = (extra_key or "") + lora_id`` in
 ``Req.__init__``); the LoRA id the hook trusts is the server-side ``req.lora_id`` (an adapter
 SGLang resolved), never text the client sent. The token is valid only if ``extra_key`` is
@@ -37,6 +43,7 @@ import hashlib
 import hmac
 import json
 import re
+import time
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -54,11 +61,41 @@ ANON_KEY_PREFIX = KEY_PREFIX + "anon:"
 _KEY_HEX_CHARS = 32
 _B64URL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 _FIELDS = frozenset({"tenant", "namespace", "task", "response_contract", "segments"})
+_CLAIMS = frozenset({"aud", "exp", "kid"})
+_KID_CHARS = 16
+MAX_PREVIOUS_KEYS = 2
 _LORA_MISMATCH = "trailing characters after the MAC do not match the request's LoRA adapter"
 
 
 class ContextError(ValueError):
-    """A context token that cannot be trusted (malformed, wrong MAC, bad fields)."""
+    """A context token that cannot be trusted (malformed, wrong MAC, bad fields).
+
+    ``kind`` is a bounded label for metrics: ``malformed``, ``mac``, ``key_id``, ``audience``,
+    ``expired`` or ``lifetime``."""
+
+    def __init__(self, message: str, kind: str = "malformed") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True, slots=True)
+class ContextKeys:
+    """Everything a verifier of context tokens needs: one set, shared by every component.
+
+    ``current`` MACs new tokens and is the only key scopes and tree keys are derived from;
+    ``previous`` (at most :data:`MAX_PREVIOUS_KEYS`) still verifies tokens during a rotation's
+    grace period; ``audience`` is this deployment's name; ``max_lifetime_s`` bounds how far ahead
+    a token's ``exp`` may lie."""
+
+    current: bytes
+    audience: str
+    previous: tuple[bytes, ...] = ()
+    max_lifetime_s: int = 3600
+
+
+def key_id(key: bytes) -> str:
+    """The ``kid`` of a context key: 16 base64url characters of SHA-256 over a domain tag and the key."""
+    return _b64e(hashlib.sha256(b"semgov.context-key-id/v1\x00" + bytes(key)).digest()[:12])
 
 
 def _b64e(raw: bytes) -> str:
@@ -202,13 +239,20 @@ def bounded_repr(value: object, limit: int = 64) -> str:
 def make_context_token(
     key: bytes,
     *,
+    audience: str,
     tenant: str,
     namespace: str,
     task: dict[str, str],
     response_contract: dict[str, str],
     segments: list[tuple[str, int, int]] | None = None,
+    expires_at: int | None = None,
+    lifetime_s: int = 300,
+    now: float | None = None,
 ) -> str:
-    """What a gateway writes into ``extra_key`` (raises :class:`ContextError` on bad fields)."""
+    """What a gateway writes into ``extra_key`` (raises :class:`ContextError` on bad fields).
+
+    The token expires at ``expires_at`` (integer Unix seconds), by default ``lifetime_s`` after
+    ``now`` (the clock when None)."""
     doc: dict[str, Any] = {
         "tenant": tenant,
         "namespace": namespace,
@@ -218,6 +262,9 @@ def make_context_token(
     if segments is not None:
         doc["segments"] = [list(s) for s in segments]
     _validate(doc, None)
+    exp = expires_at if expires_at is not None else int(time.time() if now is None else now) + lifetime_s
+    doc.update({"aud": audience, "kid": key_id(key), "exp": exp})
+    _check_claim_types(doc)
     try:
         payload = _b64e(canonicalize(doc))
     except (ValueError, TypeError, RecursionError) as e:
@@ -226,6 +273,53 @@ def make_context_token(
     if len(token) > MAX_TOKEN_CHARS:
         raise ContextError(f"context token longer than {MAX_TOKEN_CHARS} characters")
     return token
+
+
+def _check_claim_types(doc: dict[str, Any]) -> None:
+    """``aud``, ``kid`` and ``exp`` are present and well-typed (raises :class:`ContextError`)."""
+    missing = sorted(_CLAIMS - set(doc))
+    if missing:
+        raise ContextError(f"context token lacks the claim(s) {', '.join(missing)} (tokens must expire, "
+                           "name their audience and their key id)")  # fmt: skip
+    if not _ident(doc["aud"]):
+        raise ContextError("context aud must be 1..128 printable ASCII characters without spaces")
+    kid = doc["kid"]
+    if type(kid) is not str or len(kid) != _KID_CHARS or not _B64URL.issuperset(kid):
+        raise ContextError(f"context kid must be {_KID_CHARS} base64url characters")
+    exp = doc["exp"]
+    if type(exp) is not int or not 0 < exp <= _MAX_SAFE_INT:
+        raise ContextError("context exp must be a positive integer (Unix seconds)")
+
+
+def _plain_claims(doc: Any) -> bool:
+    """Whether ``doc`` is an object whose claims are present and well-typed (never raises)."""
+    if type(doc) is not dict:
+        return False
+    try:
+        _check_claim_types(doc)
+    except ContextError:
+        return False
+    return True
+
+
+def _check_claims(doc: dict[str, Any], keys: ContextKeys, used: bytes, now: float) -> None:
+    """The claims against this verifier: the signing key's id, this audience, not expired, a lifetime
+    within the bound. Time is rounded toward refusal: a token is dead at ``exp`` itself."""
+    _check_claim_types(doc)
+    if not hmac.compare_digest(doc["kid"].encode("ascii"), key_id(used).encode("ascii")):
+        raise ContextError("context kid does not name the key that MACed the token", "key_id")
+    if doc["aud"] != keys.audience:
+        raise ContextError(
+            f"context token is for audience {bounded_repr(doc['aud'], 40)}, not this deployment's", "audience"
+        )
+    if now >= doc["exp"]:
+        raise ContextError(f"context token expired {int(now - doc['exp'])} s ago", "expired")
+    if doc["exp"] - now > keys.max_lifetime_s:
+        raise ContextError(
+            f"context token expires {int(doc['exp'] - now)} s from now, beyond this verifier's "
+            f"{keys.max_lifetime_s} s (SEMGOV_CONTEXT_MAX_LIFETIME_S)",
+            "lifetime",
+        )
 
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -357,13 +451,33 @@ def _validate_models(doc: Any, lora_id: str | None) -> RequestContext:
     )
 
 
-def parse_context_token(key: bytes, extra_key: object, *, lora_id: object = None) -> RequestContext:
+def _verifying_key(keys: ContextKeys, signed: bytes, mac_text: str) -> bytes:
+    """The key of ``keys`` whose MAC over ``signed`` is ``mac_text`` (raises :class:`ContextError`).
+
+    NOTE: bounded: at most 1 + MAX_PREVIOUS_KEYS HMACs; each compared in constant time, and before
+    anything the caller controls is parsed. The MAC's text is compared, so a non-canonical
+    spelling of the same 32 bytes does not verify."""
+    for key in (keys.current, *keys.previous[:MAX_PREVIOUS_KEYS]):
+        if not issubclass(type(key), bytes | bytearray):
+            raise ContextError("the context key is not bytes")
+        expected = _b64e(_mac(key, signed))
+        if hmac.compare_digest(mac_text.encode("ascii"), expected.encode("ascii")):
+            return bytes(key)
+    raise ContextError("context token MAC does not verify", "mac")
+
+
+def parse_context_token(
+    keys: ContextKeys, extra_key: object, *, lora_id: object = None, now: float | None = None
+) -> RequestContext:
     """Verify and parse the context token in ``extra_key``, bound to the request's LoRA adapter.
 
     ``lora_id`` is the server-side ``req.lora_id`` (None without an adapter); ``extra_key`` must
-    be exactly the token, or the token followed by ``lora_id``. Raises :class:`ContextError`
-    saying why the token is not trusted, and nothing else, whatever objects are passed.
+    be exactly the token, or the token followed by ``lora_id``. ``now`` is the clock (Unix
+    seconds; None: ``time.time()``). Raises :class:`ContextError` saying why the token is not
+    trusted, and nothing else, whatever objects are passed.
     """
+    if not isinstance(keys, ContextKeys):
+        raise ContextError("the context keys are not a ContextKeys")
     text = _exact_str(extra_key)
     lora = _exact_str(lora_id)
     if text is None:
@@ -372,8 +486,6 @@ def parse_context_token(key: bytes, extra_key: object, *, lora_id: object = None
         raise ContextError(f"extra_key is not a string ({bounded_repr(extra_key)})")
     if lora is None and lora_id is not None:
         raise ContextError(f"lora_id is not a string ({bounded_repr(lora_id)})")
-    if not issubclass(type(key), bytes | bytearray):
-        raise ContextError("the context key is not bytes")
     # Bound all work first: nothing below reads more than MAX_TOKEN_CHARS + MAX_LORA_ID_CHARS.
     if lora is not None and len(lora) > MAX_LORA_ID_CHARS:
         raise ContextError(f"LoRA id longer than {MAX_LORA_ID_CHARS} characters")
@@ -398,11 +510,7 @@ def parse_context_token(key: bytes, extra_key: object, *, lora_id: object = None
         raise ContextError(_LORA_MISMATCH)
     if not _B64URL.issuperset(payload) or not _B64URL.issuperset(mac_text):
         raise ContextError("context token is not base64url")  # also every non-ASCII character
-    expected = _b64e(_mac(key, (TOKEN_PREFIX + payload).encode("ascii")))
-    # NOTE: compare MACs in constant time, and before parsing anything the caller controls. The
-    # MAC's text is compared, so a non-canonical spelling of the same 32 bytes does not verify.
-    if not hmac.compare_digest(mac_text.encode("ascii"), expected.encode("ascii")):
-        raise ContextError("context token MAC does not verify")
+    used = _verifying_key(keys, (TOKEN_PREFIX + payload).encode("ascii"), mac_text)
     raw = _b64d(payload)
     if _b64e(raw) != payload:
         raise ContextError("context payload is not canonical base64url")
@@ -410,13 +518,18 @@ def parse_context_token(key: bytes, extra_key: object, *, lora_id: object = None
         doc = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
         raise ContextError(f"context payload is not UTF-8 JSON ({type(e).__name__})") from e
-    fast = _valid_fast(doc, lora)
+    context = {k: v for k, v in doc.items() if k not in _CLAIMS} if type(doc) is dict else doc
+    fast = _valid_fast(context, lora) if _plain_claims(doc) else None
     try:
-        # NOTE: a document the fast path accepted has ASCII keys and strings, no floats and integers
-        # below 2**53: canonicalize_record's precondition, under which its bytes are RFC 8785's.
+        # NOTE: a document the fast path accepted, with plain claims, has ASCII keys and strings, no
+        # floats and integers below 2**53: canonicalize_record's precondition, under which its bytes
+        # are RFC 8785's.
         canonical = canonicalize_record(doc) if fast is not None else canonicalize(doc)
     except (ValueError, TypeError, RecursionError) as e:
         raise ContextError(f"context payload has no RFC 8785 form ({type(e).__name__})") from e
     if canonical != raw:
         raise ContextError("context payload is not RFC 8785 canonical JSON")
-    return fast if fast is not None else _validate_models(doc, lora)
+    if type(doc) is not dict:
+        raise ContextError("context is not a JSON object")
+    _check_claims(doc, keys, used, time.time() if now is None else float(now))
+    return fast if fast is not None else _validate_models(context, lora)

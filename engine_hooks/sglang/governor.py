@@ -5,7 +5,8 @@
 loads the hook's policy, keys and provider, builds the parts below, and is what the cache calls:
 
 - a request's context comes from a gateway-signed token (:mod:`engine_hooks.sglang.context`,
-  verified here: :meth:`Governor.context_of`, :func:`verified_context`);
+  verified with this deployment's one key set: :meth:`Governor.context_of`,
+  :mod:`engine_hooks.sglang.tokens`);
 - a finished request becomes a donor through :meth:`Governor.submit_donor`: its PII scan and the
   signing of its provenance run off the scheduler (in the decision process, or on the
   registration thread without it), and the scheduler sees the donor when it next calls
@@ -28,7 +29,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from engine_hooks.sglang.context import ContextError, RequestContext, parse_context_token
+from engine_hooks.sglang.context import RequestContext
 from engine_hooks.sglang.decider import DecisionProcess
 from engine_hooks.sglang.decisions import (
     DecisionThread,
@@ -51,7 +52,8 @@ from engine_hooks.sglang.metrics import BacklogSampler, hook_metrics
 from engine_hooks.sglang.policies import HookPolicies, ReloadOutcome, open_capture
 from engine_hooks.sglang.providers import load_provider
 from engine_hooks.sglang.reload import ReloadWatcher, install_sighup
-from engine_hooks.sglang.settings import HookConfigError, HookSettings, read_context_key
+from engine_hooks.sglang.settings import HookConfigError, HookSettings
+from engine_hooks.sglang.tokens import Verdict, load_context_keys, verify_context
 from semgov.decide import Evaluator
 from semgov.log import describe_error, get_logger
 from semgov.policy.engine import PolicySource
@@ -61,54 +63,6 @@ from semgov.typing import CandidateProvider, SignedDecision
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def verified_context(
-    key: bytes, previous: Sequence[bytes], extra_key: object, lora_id: object = None
-) -> RequestContext | None:
-    """The context token in ``extra_key`` verified with ``key`` (or, during a rotation, one of the
-    ``previous`` keys), bound to ``lora_id``; None when it does not verify. Never raises."""
-    from engine_hooks.sglang.context import bounded_repr, has_token_prefix
-
-    try:
-        try:
-            return parse_context_token(key, extra_key, lora_id=lora_id)
-        except ContextError:
-            # NOTE: a key rotation's grace period: a token MACed with the gateway's previous key
-            # still verifies (the whole parse is repeated, bounded like the first); scopes and
-            # tree keys are derived from the current key only, whichever key verified the MAC.
-            for old in previous:
-                try:
-                    return parse_context_token(old, extra_key, lora_id=lora_id)
-                except ContextError:
-                    pass
-            raise
-    except ContextError as e:
-        if has_token_prefix(extra_key):
-            get_logger().warning("semgov context token refused", reason=str(e)[:200])
-        return None
-    except Exception as e:  # noqa: BLE001 - a parser bug must not take the scheduler loop down
-        get_logger().warning(
-            "semgov context token parser failed",
-            error=type(e).__name__,
-            extra_key=bounded_repr(extra_key),
-            lora_id=bounded_repr(lora_id),
-        )
-        return None
-
-
-def read_context_keys(settings: HookSettings) -> tuple[bytes, tuple[bytes, ...]]:
-    """The gateway's context key and, during a rotation, its previous one."""
-    key = read_context_key(settings.context_key)
-    if settings.context_key_previous is None:
-        return key, ()
-    previous = read_context_key(settings.context_key_previous, "SEMGOV_CONTEXT_KEY_PREVIOUS")
-    if previous == key:
-        raise HookConfigError(
-            f"SEMGOV_CONTEXT_KEY_PREVIOUS={settings.context_key_previous}: the same key as "
-            "SEMGOV_CONTEXT_KEY (a rotation's previous key must be the old one)"
-        )
-    return key, (previous,)
 
 
 def _provider_here(
@@ -151,7 +105,8 @@ class Governor:
 
             log.configure(settings.log_format)
         self.signing_key: SigningKey = load_signing_key(settings.signing_key)
-        self.context_key, self.previous_context_keys = read_context_keys(settings)
+        self.context_keys = load_context_keys(settings)
+        self.context_key = self.context_keys.current
         remote = settings.async_decisions and settings.decision_process
         # NOTE: with the decision process these are only checked here (a bad policy, shadow policy
         # or capture directory refuses the server at start); the child decides and captures.
@@ -257,7 +212,11 @@ class Governor:
     def context_of(self, extra_key: object, lora_id: object = None) -> RequestContext | None:
         """The verified context in ``extra_key``, bound to the request's server-side ``lora_id``, or
         None (no semantic reuse for that request). Never raises, whatever the client sent."""
-        return verified_context(self.context_key, self.previous_context_keys, extra_key, lora_id)
+        return self.verdict_of(extra_key, lora_id).context
+
+    def verdict_of(self, token: object, lora_id: object = None, *, dedicated: bool = False) -> Verdict:
+        """:func:`~engine_hooks.sglang.tokens.verify_context` with this deployment's one key set."""
+        return verify_context(self.context_keys, token, lora_id, dedicated=dedicated)
 
     # ---- donors ----------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ def metric_names() -> frozenset[str]:
     counters = (
         "decisions", "gate_failures", "approved_tokens", "realized_tokens", "realization_failures",
         "realizations", "shadow_decisions", "shadow_disagreements", "policy_reloads", "capture_dropped",
-        "captured",
+        "captured", "context_tokens_refused", "unscoped_requests",
     )  # fmt: skip
     gauges = ("audit_pending_records", "audit_commit_lag_seconds", "reuse_disabled")
     hist = ("decision_latency_seconds",)
@@ -113,6 +113,16 @@ class HookMetrics:
             "policy_reloads", "Policy reloads while running, by policy and outcome.", ("role", "outcome")
         )
         self.captured = counter("captured", "Decided requests handed to the live capture.")
+        self.context_refused = counter(
+            "context_tokens_refused",
+            "Context tokens sent and not trusted (the request got an isolated scope), by kind.",
+            ("reason",),
+        )
+        self.unscoped = counter(
+            "unscoped_requests",
+            "vLLM requests that reached the engine with a cache salt the scope middleware did not issue.",
+            ("reason",),
+        )
         self.capture_dropped = counter("capture_dropped", "Decided requests the capture dropped.")
         self.audit_pending = gauge(
             "audit_pending_records", "Audit records accepted and not yet durable.", "livemax"

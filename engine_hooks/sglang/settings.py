@@ -85,6 +85,12 @@ class HookSettings:
     context_key_previous: Path | None = None
     """The gateway's previous HMAC key, accepted for context tokens during a key rotation's grace period
     (scopes and tree keys are always derived from ``SEMGOV_CONTEXT_KEY``)."""
+    context_audience: str = ""
+    """This deployment's name: a context token is accepted only if its ``aud`` claim is exactly this
+    (``SEMGOV_CONTEXT_AUDIENCE``, required: the gateway names the deployment it means)."""
+    context_max_lifetime_s: int = 3600
+    """A context token whose ``exp`` lies further ahead than this is refused (bounds what a leaked
+    token is worth)."""
     tp_pending_donors_per_tenant: int = 256
     """With tensor parallelism: a tenant's finished requests waiting for rank 0 to register them as
     donors; past it a finished request is not a donor (the same on every rank)."""
@@ -143,11 +149,12 @@ class HookSettings:
         audit = e.text("SEMGOV_AUDIT_DIR")
         if not audit:
             raise HookConfigError("SEMGOV_AUDIT_DIR is not set: every decision and realization is audited")
+        ctx = ContextSettings.from_env(env)
         return cls(
             policy=e.path("SEMGOV_POLICY"),
             trust=e.path("SEMGOV_TRUST"),
             signing_key=e.path("SEMGOV_SIGNING_KEY"),
-            context_key=e.path("SEMGOV_CONTEXT_KEY"),
+            context_key=ctx.context_key,
             audit_dir=Path(audit),
             engine=e.text("SEMGOV_ENGINE") or None,
             provider=e.text("SEMGOV_PROVIDER") or "minhash",
@@ -167,7 +174,9 @@ class HookSettings:
             shifted_recompute_pct=e.integer("SEMGOV_SHIFTED_RECOMPUTE_PCT", 0, 0, 100),
             audit_keyring=e.optional_path("SEMGOV_AUDIT_KEYRING"),
             audit_origin=e.text("SEMGOV_AUDIT_ORIGIN") or None,
-            context_key_previous=e.optional_path("SEMGOV_CONTEXT_KEY_PREVIOUS"),
+            context_key_previous=ctx.context_key_previous,
+            context_audience=ctx.context_audience,
+            context_max_lifetime_s=ctx.context_max_lifetime_s,
             tp_pending_donors_per_tenant=e.integer("SEMGOV_TP_PENDING_DONORS_PER_TENANT", 256, 1, 8192),
             canary_rate=e.share("SEMGOV_CANARY_RATE"),
             canary_tokens=e.integer("SEMGOV_CANARY_TOKENS", 16, 1, 4096),
@@ -186,6 +195,28 @@ class HookSettings:
             capture_max_age_h=e.integer("SEMGOV_CAPTURE_MAX_AGE_H", 168, 1, 366 * 24),
             reload_poll_ms=e.integer("SEMGOV_RELOAD_POLL_MS", 1000, 0, 3_600_000),
             log_format=e.choice("SEMGOV_LOG_FORMAT", ("text", "json")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ContextSettings:
+    """The context-token settings alone (what the vLLM middleware reads; the same variables and
+    checks as :class:`HookSettings`)."""
+
+    context_key: Path
+    context_key_previous: Path | None
+    context_audience: str
+    context_max_lifetime_s: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ContextSettings:
+        """Read them (raises :class:`HookConfigError` naming the variable)."""
+        e = _Env(os.environ if env is None else env)
+        return cls(
+            context_key=e.path("SEMGOV_CONTEXT_KEY"),
+            context_key_previous=e.optional_path("SEMGOV_CONTEXT_KEY_PREVIOUS"),
+            context_audience=e.audience("SEMGOV_CONTEXT_AUDIENCE"),
+            context_max_lifetime_s=e.integer("SEMGOV_CONTEXT_MAX_LIFETIME_S", 3600, 1, 7 * 86400),
         )
 
 
@@ -209,6 +240,18 @@ class _Env:
         if not p.exists():
             raise HookConfigError(f"{name}={v}: no such file or directory")
         return p
+
+    def audience(self, name: str) -> str:
+        v = self.text(name)
+        if not v:
+            raise HookConfigError(
+                f"{name} is not set: name this deployment (context tokens carry it as their aud claim)"
+            )
+        if not (len(v) <= 128 and all("!" <= c <= "~" for c in v)):
+            raise HookConfigError(
+                f"{name}={v[:40]!r}: must be 1..128 printable ASCII characters without spaces"
+            )
+        return v
 
     def optional_path(self, name: str) -> Path | None:
         return self.path(name) if self.text(name) else None

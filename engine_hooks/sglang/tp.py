@@ -46,11 +46,11 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from engine_hooks.sglang.context import RequestContext
+from engine_hooks.sglang.context import ContextKeys, RequestContext
 from engine_hooks.sglang.decisions import PendingDecision
 from engine_hooks.sglang.donors import DonorSpec, LiveDonor, pop_donor
-from engine_hooks.sglang.governor import verified_context
-from engine_hooks.sglang.settings import HookSettings, read_context_key
+from engine_hooks.sglang.settings import HookSettings
+from engine_hooks.sglang.tokens import Verdict, load_context_keys, verify_context
 from semgov.decide import SignedDecision
 from semgov.log import get_logger
 
@@ -199,10 +199,10 @@ class FollowerGovernor:
 
     audit_failures = 0
 
-    def __init__(self, settings: HookSettings, context_key: bytes, previous: tuple[bytes, ...]) -> None:
+    def __init__(self, settings: HookSettings, context_keys: ContextKeys) -> None:
         self.settings = settings
-        self.context_key = context_key
-        self.previous_context_keys = previous
+        self.context_keys = context_keys
+        self.context_key = context_keys.current
         self.audit_broken: str | None = None
         self.pending = PendingDonors(settings.tp_pending_donors_per_tenant)
         self.missed: list[str] = []  # NOTE: adds this rank held no copy of, since the cache last looked
@@ -212,13 +212,13 @@ class FollowerGovernor:
     @classmethod
     def from_settings(cls, settings: HookSettings) -> FollowerGovernor:
         """The same context keys as the leader's (tree keys and scopes must match on every rank)."""
-        previous: tuple[bytes, ...] = ()
-        if settings.context_key_previous is not None:
-            previous = (read_context_key(settings.context_key_previous, "SEMGOV_CONTEXT_KEY_PREVIOUS"),)
-        return cls(settings, read_context_key(settings.context_key), previous)
+        return cls(settings, load_context_keys(settings))
 
     def context_of(self, extra_key: object, lora_id: object = None) -> RequestContext | None:
-        return verified_context(self.context_key, self.previous_context_keys, extra_key, lora_id)
+        return self.verdict_of(extra_key, lora_id).context
+
+    def verdict_of(self, token: object, lora_id: object = None, *, dedicated: bool = False) -> Verdict:
+        return verify_context(self.context_keys, token, lora_id, dedicated=dedicated)
 
     # ---- the registry, as the leader's messages say ------------------------------------------
 

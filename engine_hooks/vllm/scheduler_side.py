@@ -47,6 +47,7 @@ from engine_hooks.sglang.plan import plan_pieces, recompute_leading, request_lab
 from engine_hooks.sglang.settings import HookConfigError, HookSettings
 from engine_hooks.vllm.book import StoreBook
 from engine_hooks.vllm.meta import LoadOp, LoadPiece, SaveOp, StepPlan, WorkerReport
+from engine_hooks.vllm.scope import issued_salt
 from semgov.decide import SignedDecision
 from semgov.log import describe_error, get_logger
 
@@ -123,7 +124,17 @@ class SchedulerSide:
         self._loads: list[LoadOp] = []
         self._sent: dict[str, _Sent] = {}
         self.stats: dict[str, int] = dict.fromkeys(
-            ("decided", "allowed", "loads", "realized_tokens", "failed_loads", "late", "donors", "evictions"),
+            (
+                "decided",
+                "allowed",
+                "loads",
+                "realized_tokens",
+                "failed_loads",
+                "late",
+                "donors",
+                "evictions",
+                "unscoped",
+            ),
             0,
         )
         self.gov.watch()
@@ -143,11 +154,29 @@ class SchedulerSide:
             params = request.kv_transfer_params
             token = params.get(TOKEN_FIELD) if isinstance(params, dict) else None
             lora = request.lora_request.lora_name if request.lora_request is not None else None
-            ctx = self.gov.context_of(token, lora) if token is not None else None
             salt = request.cache_salt if isinstance(request.cache_salt, str) else None
+            ctx = None
+            if self._scoped(rid, salt):
+                ctx = self.gov.verdict_of(token, lora, dedicated=True).context
             st = _Req(request_label(rid), ctx, salt, array("q", request.prompt_token_ids or ()))
             self.reqs[rid] = st
         return st
+
+    def _scoped(self, rid: str, salt: str | None) -> bool:
+        """Whether the request's salt is one the scope middleware issued (checked here, where every
+        route converges). NOTE: one that is not reached the engine past the middleware: it gets no
+        governed reuse, never becomes a donor, and is counted and logged."""
+        if salt is not None and issued_salt(self.gov.context_key, salt):
+            return True
+        reason = "no_salt" if salt is None else "foreign_salt"
+        self.stats["unscoped"] += 1
+        self.gov.metrics.unscoped.labels(reason).inc()
+        get_logger().warning(
+            "semgov vLLM connector: request not scoped by the middleware (no governed reuse)",
+            request=request_label(rid),
+            reason=reason,
+        )
+        return False
 
     def matched(self, request: Any, num_computed: int) -> tuple[int | None, bool]:
         """vLLM's ``get_num_new_matched_tokens``: approved tokens to load after ``num_computed``."""

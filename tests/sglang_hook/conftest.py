@@ -47,6 +47,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.sglang)
 
 
+AUDIENCE = "semgov-test"  # SEMGOV_CONTEXT_AUDIENCE of the hook under test, the aud of its tokens
 TASK = {"id": "qa", "version": "1"}
 CONTRACT = {"id": "answer-json", "schema_sha256": "a" * 64}
 
@@ -89,6 +90,7 @@ class HookFiles:
             "SEMGOV_TRUST": str(self.trust),
             "SEMGOV_SIGNING_KEY": str(self.signing_key),
             "SEMGOV_CONTEXT_KEY": str(self.context_key),
+            "SEMGOV_CONTEXT_AUDIENCE": AUDIENCE,
             "SEMGOV_AUDIT_DIR": str(self.audit_dir),
             "SEMGOV_MIN_UNMATCHED_TOKENS": "128",
             "SEMGOV_ASYNC_REGISTRATION": "0",
@@ -261,6 +263,7 @@ class Harness:
 
         return make_context_token(
             self.files.context_secret,
+            audience=AUDIENCE,
             tenant=tenant,
             namespace=namespace,
             task=over.get("task", TASK),

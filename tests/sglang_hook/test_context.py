@@ -6,6 +6,7 @@ import base64
 import hashlib
 import hmac
 import json
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,14 +20,18 @@ from engine_hooks.sglang.context import (
     MAX_LORA_ID_CHARS,
     MAX_TOKEN_CHARS,
     ContextError,
+    ContextKeys,
     RequestContext,
     anonymous_cache_key,
     bounded_repr,
+    key_id,
     make_context_token,
     parse_context_token,
 )
 
 KEY = b"k" * 32
+AUD = "semgov-test"
+KEYS = ContextKeys(KEY, AUD)
 TASK = {"id": "qa", "version": "1"}
 CONTRACT = {"id": "answer-json", "schema_sha256": "a" * 64}
 LORA = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"  # what SGLang's lora_id looks like (uuid hex)
@@ -42,7 +47,7 @@ def _token(**over: object) -> str:
         "segments": [("system", 0, 10), ("evidence", 10, 30)],
     }
     args.update(over)
-    return make_context_token(KEY, **args)  # type: ignore[arg-type]
+    return make_context_token(KEY, audience=AUD, **args)  # type: ignore[arg-type]
 
 
 def _b64(raw: bytes) -> str:
@@ -64,7 +69,7 @@ def _ctx(
 
 def _only_context_error(extra_key: object, lora_id: object = None) -> None:
     try:
-        parse_context_token(KEY, extra_key, lora_id=lora_id)
+        parse_context_token(KEYS, extra_key, lora_id=lora_id)
     except ContextError as e:
         assert str(e)
     except Exception as e:  # noqa: BLE001 - what this helper exists to catch
@@ -76,7 +81,7 @@ def _only_context_error(extra_key: object, lora_id: object = None) -> None:
 
 def test_round_trip_keeps_every_field() -> None:
     """A token made with the key parses back to the same tenant, namespace, task, contract and segments."""
-    ctx = parse_context_token(KEY, _token())
+    ctx = parse_context_token(KEYS, _token())
     assert (ctx.tenant, ctx.namespace, ctx.task, ctx.response_contract) == ("acme", "ns1", TASK, CONTRACT)
     assert ctx.segments == (("system", 0, 10), ("evidence", 10, 30))
     assert ctx.lora_id is None
@@ -85,7 +90,7 @@ def test_round_trip_keeps_every_field() -> None:
 def test_wrong_key_is_refused() -> None:
     """A token MACed with another key does not verify."""
     with pytest.raises(ContextError, match="MAC does not verify"):
-        parse_context_token(b"x" * 32, _token())
+        parse_context_token(ContextKeys(b"x" * 32, AUD), _token())
 
 
 def test_edited_payload_is_refused() -> None:
@@ -96,7 +101,7 @@ def test_edited_payload_is_refused() -> None:
     doc["tenant"] = "globex"
     forged = base64.urlsafe_b64encode(json.dumps(doc).encode()).rstrip(b"=").decode()
     with pytest.raises(ContextError, match="MAC"):
-        parse_context_token(KEY, f"{prefix}.{forged}.{mac}")
+        parse_context_token(KEYS, f"{prefix}.{forged}.{mac}")
 
 
 @pytest.mark.parametrize(
@@ -106,7 +111,7 @@ def test_edited_payload_is_refused() -> None:
 def test_malformed_tokens_are_refused(bad: str | None) -> None:
     """Missing, truncated or non-base64 tokens are refused with a reason, never parsed."""
     with pytest.raises(ContextError):
-        parse_context_token(KEY, bad)
+        parse_context_token(KEYS, bad)
 
 
 def test_mac_in_another_spelling_is_refused() -> None:
@@ -116,7 +121,7 @@ def test_mac_in_another_spelling_is_refused() -> None:
     other = alphabet[alphabet.index(tok[-1]) ^ 0b11]
     assert base64.urlsafe_b64decode(tok[-43:] + "=") == base64.urlsafe_b64decode(tok[-43:-1] + other + "=")
     with pytest.raises(ContextError, match="MAC does not verify"):
-        parse_context_token(KEY, tok[:-1] + other)
+        parse_context_token(KEYS, tok[:-1] + other)
 
 
 @pytest.mark.parametrize(
@@ -146,7 +151,7 @@ def test_non_canonical_payload_is_refused_even_with_a_valid_mac() -> None:
     raw = b'{"namespace":"ns1","response_contract":{"id":"answer-json","schema_sha256":"' + b"a" * 64
     raw += b'"},"task":{"id":"qa","version":"1"},"tenant":"globex","tenant":"acme"}'
     with pytest.raises(ContextError, match="canonical"):
-        parse_context_token(KEY, _signed(raw))
+        parse_context_token(KEYS, _signed(raw))
 
 
 def _doc(**over: object) -> dict[str, object]:
@@ -155,6 +160,9 @@ def _doc(**over: object) -> dict[str, object]:
         "response_contract": CONTRACT,
         "task": TASK,
         "tenant": "acme",
+        "aud": AUD,
+        "kid": key_id(KEY),
+        "exp": int(time.time()) + 300,
     }
     doc.update(over)
     return doc
@@ -176,7 +184,7 @@ def _doc(**over: object) -> dict[str, object]:
 def test_well_formed_but_bad_payloads_are_refused(raw: bytes, match: str) -> None:
     """Correctly MACed payloads that are not a canonical, documented context are refused, never raise."""
     with pytest.raises(ContextError, match=match):
-        parse_context_token(KEY, _signed(raw))
+        parse_context_token(KEYS, _signed(raw))
 
 
 def test_non_canonical_base64_payload_is_refused() -> None:
@@ -190,7 +198,7 @@ def test_non_canonical_base64_payload_is_refused() -> None:
     assert base64.urlsafe_b64decode(other + "==") == base64.urlsafe_b64decode(payload + "==")
     mac = hmac.new(KEY, ("semgov1." + other).encode(), hashlib.sha256).digest()
     with pytest.raises(ContextError, match="canonical base64url"):
-        parse_context_token(KEY, "semgov1." + other + "." + _b64(mac))
+        parse_context_token(KEYS, "semgov1." + other + "." + _b64(mac))
 
 
 # ---- totality: any input is a ContextError or a context, never another exception -------------------------
@@ -213,7 +221,7 @@ def test_non_ascii_and_lone_surrogates_anywhere_are_context_errors(ch: str, lora
     ]
     for extra_key in places:
         with pytest.raises(ContextError):
-            parse_context_token(KEY, extra_key + suffix, lora_id=lora)
+            parse_context_token(KEYS, extra_key + suffix, lora_id=lora)
 
 
 @settings(max_examples=300, deadline=None)
@@ -226,7 +234,7 @@ def test_any_text_spliced_into_a_token_is_a_context_error_or_the_same_context(
     i = at % (len(tok) + 1)
     extra_key = tok[:i] + junk + tok[i:] + (lora or "")
     try:
-        ctx = parse_context_token(KEY, extra_key, lora_id=lora)
+        ctx = parse_context_token(KEYS, extra_key, lora_id=lora)
     except ContextError as e:
         assert str(e)
         return
@@ -293,17 +301,17 @@ def test_non_str_inputs_are_refused() -> None:
     tok = _token()
     for extra_key in (tok.encode(), 7, [tok], {"extra_key": tok}, 1.5, _FakeStr(), object()):
         with pytest.raises(ContextError, match="not a string"):
-            parse_context_token(KEY, extra_key)
+            parse_context_token(KEYS, extra_key)
     for lora in (7, b"lora", [LORA], _FakeStr()):
         with pytest.raises(ContextError, match="lora_id is not a string"):
-            parse_context_token(KEY, tok, lora_id=lora)
+            parse_context_token(KEYS, tok, lora_id=lora)
 
 
 def test_a_hostile_str_subclass_is_read_as_its_text() -> None:
     """A str subclass whose methods raise is read as plain text: it parses like the token it holds."""
     tok = _token()
-    ctx = parse_context_token(KEY, _HostileStr(tok + LORA), lora_id=_HostileStr(LORA))
-    assert ctx == parse_context_token(KEY, tok + LORA, lora_id=LORA)
+    ctx = parse_context_token(KEYS, _HostileStr(tok + LORA), lora_id=_HostileStr(LORA))
+    assert ctx == parse_context_token(KEYS, tok + LORA, lora_id=LORA)
     assert type(ctx.lora_id) is str
     assert anonymous_cache_key(KEY, _HostileStr("x"), _HostileStr("y")) == anonymous_cache_key(KEY, "x", "y")
     assert ctx.cache_key(KEY, _HostileStr("salt")) == ctx.cache_key(KEY, "salt")
@@ -312,12 +320,12 @@ def test_a_hostile_str_subclass_is_read_as_its_text() -> None:
 def test_work_is_bounded_before_anything_else() -> None:
     """A huge extra_key or LoRA id is refused by its length, whatever it holds."""
     with pytest.raises(ContextError, match="longer than"):
-        parse_context_token(KEY, "\udcff" * (MAX_TOKEN_CHARS + 1))
+        parse_context_token(KEYS, "\udcff" * (MAX_TOKEN_CHARS + 1))
     with pytest.raises(ContextError, match="longer than"):
-        parse_context_token(KEY, _token() + "x" * MAX_TOKEN_CHARS)
+        parse_context_token(KEYS, _token() + "x" * MAX_TOKEN_CHARS)
     huge = "L" * (MAX_LORA_ID_CHARS + 1)
     with pytest.raises(ContextError, match="LoRA id longer than"):
-        parse_context_token(KEY, _token() + huge, lora_id=huge)
+        parse_context_token(KEYS, _token() + huge, lora_id=huge)
     with pytest.raises(ContextError, match="longer than"):
         _token(segments=[("other", i, i + 1) for i in range(4000)])  # the gateway cannot mint one either
 
@@ -327,9 +335,9 @@ def test_work_is_bounded_before_anything_else() -> None:
 
 def test_lora_id_comes_from_the_server_and_must_match_the_suffix() -> None:
     """token + lora_id parses with that lora_id; the context carries it, and keys differ per adapter."""
-    plain = parse_context_token(KEY, _token())
-    lora = parse_context_token(KEY, _token() + LORA, lora_id=LORA)
-    other = parse_context_token(KEY, _token() + "other-adapter", lora_id="other-adapter")
+    plain = parse_context_token(KEYS, _token())
+    lora = parse_context_token(KEYS, _token() + LORA, lora_id=LORA)
+    other = parse_context_token(KEYS, _token() + "other-adapter", lora_id="other-adapter")
     assert lora.lora_id == LORA
     assert len({plain.scope(KEY), lora.scope(KEY), other.scope(KEY)}) == 3  # never another adapter's KV
     assert len({plain.cache_key(KEY), lora.cache_key(KEY), other.cache_key(KEY)}) == 3
@@ -349,22 +357,22 @@ def test_lora_id_comes_from_the_server_and_must_match_the_suffix() -> None:
 def test_trailing_text_that_is_not_the_request_adapter_is_refused(suffix: str, lora: str | None) -> None:
     """extra_key must be exactly the token, or the token followed by the request's lora_id."""
     with pytest.raises(ContextError, match=LORA_MISMATCH):
-        parse_context_token(KEY, _token() + suffix, lora_id=lora)
+        parse_context_token(KEYS, _token() + suffix, lora_id=lora)
 
 
 def test_token_tail_cannot_pose_as_the_adapter() -> None:
     """A lora_id equal to the MAC's last characters does not let extra_key = token through."""
     tok = _token()
     with pytest.raises(ContextError, match="truncated"):
-        parse_context_token(KEY, tok, lora_id=tok[-3:])
+        parse_context_token(KEYS, tok, lora_id=tok[-3:])
 
 
 def test_empty_lora_id_means_extra_key_is_the_token() -> None:
     """lora_id "" (nothing appended by SGLang) accepts exactly the token, and stays its own adapter value."""
-    ctx = parse_context_token(KEY, _token(), lora_id="")
+    ctx = parse_context_token(KEYS, _token(), lora_id="")
     assert ctx.lora_id == ""
     with pytest.raises(ContextError, match=LORA_MISMATCH):
-        parse_context_token(KEY, _token() + "X", lora_id="")
+        parse_context_token(KEYS, _token() + "X", lora_id="")
 
 
 # ---- derived keys -------------------------------------------------------------------------------------
@@ -372,10 +380,10 @@ def test_empty_lora_id_means_extra_key_is_the_token() -> None:
 
 def test_cache_keys_separate_tenants_and_namespaces() -> None:
     """Different tenants or namespaces give different tree keys and scopes; the same gives the same."""
-    a = parse_context_token(KEY, _token())
-    b = parse_context_token(KEY, _token(tenant="globex"))
-    c = parse_context_token(KEY, _token(namespace="ns2"))
-    again = parse_context_token(KEY, _token())
+    a = parse_context_token(KEYS, _token())
+    b = parse_context_token(KEYS, _token(tenant="globex"))
+    c = parse_context_token(KEYS, _token(namespace="ns2"))
+    again = parse_context_token(KEYS, _token())
     assert len({a.cache_key(KEY), b.cache_key(KEY), c.cache_key(KEY)}) == 3
     assert len({a.scope(KEY), b.scope(KEY), c.scope(KEY)}) == 3
     assert a.cache_key(KEY) == again.cache_key(KEY)
@@ -383,7 +391,7 @@ def test_cache_keys_separate_tenants_and_namespaces() -> None:
 
 def test_keys_have_the_documented_shape() -> None:
     """Tree keys and scopes are 'semgov:' + 32 hex, anonymous keys 'semgov:anon:' + 32 hex; they differ."""
-    ctx = parse_context_token(KEY, _token())
+    ctx = parse_context_token(KEYS, _token())
     for k in (ctx.cache_key(KEY), ctx.scope(KEY), ctx.cache_key(KEY, "s")):
         assert k.startswith(KEY_PREFIX) and len(k) == len(KEY_PREFIX) + 32
         int(k[len(KEY_PREFIX) :], 16)
@@ -394,7 +402,7 @@ def test_keys_have_the_documented_shape() -> None:
 
 def test_cache_salt_separates_scopes_and_trees() -> None:
     """Different cache salts never share a scope or a tree key; None and "" both mean no salt."""
-    ctx = parse_context_token(KEY, _token())
+    ctx = parse_context_token(KEYS, _token())
     for f in (ctx.scope, ctx.cache_key):
         assert len({f(KEY), f(KEY, "s1"), f(KEY, "s2")}) == 3
         assert f(KEY, None) == f(KEY, "") == f(KEY)
@@ -452,7 +460,7 @@ def test_key_derivation_never_raises_on_odd_field_values() -> None:
 
 def test_anonymous_keys_never_equal_context_keys() -> None:
     """A request without a context cannot land in a tenant's tree, whatever extra_key it sends."""
-    a = parse_context_token(KEY, _token())
+    a = parse_context_token(KEYS, _token())
     assert anonymous_cache_key(KEY, a.cache_key(KEY)) != a.cache_key(KEY)
     assert anonymous_cache_key(KEY, "x") != anonymous_cache_key(KEY, "y")
     assert anonymous_cache_key(KEY, None) != anonymous_cache_key(KEY, "")  # distinct inputs, distinct keys
@@ -499,10 +507,12 @@ class _Log:
 def test_governor_context_of_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     """context_of returns None for refused tokens and even for a parser bug, logging a bounded repr only."""
     import engine_hooks.sglang.governor as governor
+    import engine_hooks.sglang.tokens as tokens
 
     log = _Log()
-    monkeypatch.setattr(governor, "get_logger", lambda: log)
-    gov = SimpleNamespace(context_key=KEY, previous_context_keys=())
+    monkeypatch.setattr(tokens, "get_logger", lambda: log)
+    gov = SimpleNamespace(context_keys=KEYS)
+    gov.verdict_of = lambda *a, **k: governor.Governor.verdict_of(gov, *a, **k)  # type: ignore[arg-type]
     ctx = governor.Governor.context_of(gov, _token() + LORA, LORA)  # type: ignore[arg-type]
     assert ctx is not None and ctx.lora_id == LORA
     assert governor.Governor.context_of(gov, _token() + "X") is None  # type: ignore[arg-type]
@@ -513,12 +523,12 @@ def test_governor_context_of_never_raises(monkeypatch: pytest.MonkeyPatch) -> No
     def broken(*a: object, **k: object) -> RequestContext:
         raise RuntimeError("parser bug")
 
-    monkeypatch.setattr(governor, "parse_context_token", broken)
+    monkeypatch.setattr(tokens, "parse_context_token", broken)
     sent = "semgov1." + "\udcff" * 100_000
     assert governor.Governor.context_of(gov, sent, _FakeStr()) is None  # type: ignore[arg-type]
     event, kw = log.lines[-1]
     assert event == "semgov context token parser failed" and kw["error"] == "RuntimeError"
-    assert len(kw["extra_key"]) < 200 and kw["extra_key"].isascii()
+    assert len(kw["token"]) < 200 and kw["token"].isascii()
     assert kw["lora_id"] == "<_FakeStr>"  # its real type; its repr is never called
 
 
@@ -600,5 +610,6 @@ def test_the_fast_validation_takes_a_gateways_usual_context() -> None:
     token = _token(segments=[("system", 0, 3), ("evidence", 3, 9)])
     payload = token.split(".")[1]
     doc = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    assert {doc.pop("aud"), doc.pop("kid")} == {AUD, key_id(KEY)} and doc.pop("exp") > time.time()
     fast = _valid_fast(doc, None)
-    assert fast is not None and fast == parse_context_token(KEY, token)
+    assert fast is not None and fast == parse_context_token(KEYS, token)

@@ -57,6 +57,9 @@ def test_settings_name_the_missing_variable(hook_files: Any) -> None:
         ("SEMGOV_MAX_CANDIDATES", "0", "between 1 and 64"),
         ("SEMGOV_STRICT", "maybe", "expected 1/0"),
         ("SEMGOV_AUDIT_DIR", "", "SEMGOV_AUDIT_DIR is not set"),
+        ("SEMGOV_CONTEXT_AUDIENCE", "", "SEMGOV_CONTEXT_AUDIENCE is not set"),
+        ("SEMGOV_CONTEXT_AUDIENCE", "prod eu", "printable ASCII"),
+        ("SEMGOV_CONTEXT_MAX_LIFETIME_S", "0", "between 1 and"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_variable(
@@ -81,9 +84,13 @@ def test_defaults(hook_files: Any) -> None:
         True,
     )
     assert s.detokenizer == "auto" and s.donor_ttl_s == 3600
+    assert s.context_max_lifetime_s == 3600 and s.context_key_previous is None
 
 
-_REQUIRED = {"SEMGOV_POLICY", "SEMGOV_TRUST", "SEMGOV_SIGNING_KEY", "SEMGOV_CONTEXT_KEY", "SEMGOV_AUDIT_DIR"}
+_REQUIRED = {
+    "SEMGOV_POLICY", "SEMGOV_TRUST", "SEMGOV_SIGNING_KEY", "SEMGOV_CONTEXT_KEY", "SEMGOV_CONTEXT_AUDIENCE",
+    "SEMGOV_AUDIT_DIR",
+}  # fmt: skip
 
 
 def test_short_context_key_is_refused(make_harness: Any, hook_files: Any) -> None:

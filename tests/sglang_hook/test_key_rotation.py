@@ -18,7 +18,7 @@ from engine_hooks.sglang.settings import HookConfigError, HookSettings
 from semgov.audit.keyring import AuditKeyring
 from semgov.audit.verify_dir import verify_log
 from semgov.signing.keys import generate_keypair, key_id_for, load_public_key
-from tests.sglang_hook.conftest import CONTRACT, TASK, HookFiles
+from tests.sglang_hook.conftest import AUDIENCE, CONTRACT, TASK, HookFiles
 
 ENGINE = "sglang 0.5.23"
 
@@ -28,7 +28,9 @@ def _governor(files: HookFiles, **env: str) -> Governor:
 
 
 def _token(secret: bytes) -> str:
-    return make_context_token(secret, tenant="acme", namespace="docs", task=TASK, response_contract=CONTRACT)
+    return make_context_token(
+        secret, audience=AUDIENCE, tenant="acme", namespace="docs", task=TASK, response_contract=CONTRACT
+    )
 
 
 def _entry(pub: Path, **validity: int) -> dict[str, object]:

@@ -149,6 +149,8 @@ def test_every_exported_name_is_listed_and_every_listed_name_exported() -> None:
     m.capture(True)
     m.capture(False)
     m.latency.observe(0.001)
+    m.context_refused.labels("expired").inc()
+    m.unscoped.labels("no_salt").inc()
     names = {n for n in exported(m) if not n.endswith("_created")}
     assert names == set(metric_names())
 

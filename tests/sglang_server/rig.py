@@ -51,6 +51,7 @@ RIG_POLICY = ROOT / "tests" / "sglang_server" / "policy"
 STUBS = ROOT / "tests" / "sglang_hook" / "stubs"
 PLUGIN_MODULE = "tests.sglang_server.cpu_plugin"
 CONTEXT_SECRET = b"semgov-real-server-rig-gateway-key-0123456789"
+AUDIENCE = "semgov-test"  # SEMGOV_CONTEXT_AUDIENCE of every rig server, the aud of its tokens
 
 TASK = {"id": "qa", "version": "1"}
 CONTRACT = {"id": "answer-json", "schema_sha256": "a" * 64}
@@ -238,6 +239,7 @@ class HookFiles:
             "SEMGOV_TRUST": str(self.trust),
             "SEMGOV_SIGNING_KEY": str(self.signing_key),
             "SEMGOV_CONTEXT_KEY": str(self.context_key),
+            "SEMGOV_CONTEXT_AUDIENCE": AUDIENCE,
             "SEMGOV_AUDIT_DIR": str(self.audit_dir),
         }
 
@@ -545,6 +547,7 @@ class Gateway:
 
         return make_context_token(
             self.secret,
+            audience=AUDIENCE,
             tenant=tenant,
             namespace=namespace,
             task=task or TASK,

@@ -197,10 +197,12 @@ class VllmServer:
         """Error lines before shutdown: an engine or connector failure, whatever the requests saw."""
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         text = text.split("[shutdown]", 1)[0]
-        # NOTE: vLLM logs its own 400s (request validation) with a traceback at ERROR: not a failure.
+        # NOTE: vLLM logs its own 400s (request validation, and a route handler's refusal) with a
+        # traceback at ERROR: not a failure of the engine or of semgov.
         return [
             ln for ln in text.splitlines()
-            if any(f in ln for f in FATAL) and "WARNING" not in ln and "[validation.py" not in ln
+            if any(f in ln for f in FATAL) and "WARNING" not in ln
+            and "[validation.py" not in ln and "[api_router.py" not in ln
         ]  # fmt: skip
 
     # ---- HTTP -------------------------------------------------------------------------------

@@ -242,9 +242,10 @@ def test_hostile_context_fields_never_reach_past_the_connector(server: VllmServe
     p = pair_prompts("hostile", e_len=512)
     server.complete(p.donor, "hostile-d", server.token("acme", "hostile", p.donor_segs))
     from engine_hooks.sglang.context import make_context_token
+    from tests.sglang_server.rig import AUDIENCE
 
     forged = make_context_token(
-        b"k" * 48, tenant="acme", namespace="hostile", task={"id": "qa", "version": "1"},
+        b"k" * 48, audience=AUDIENCE, tenant="acme", namespace="hostile", task={"id": "qa", "version": "1"},
         response_contract={"id": "answer-json", "schema_sha256": "a" * 64},
     )  # fmt: skip
     bad: list[Any] = [

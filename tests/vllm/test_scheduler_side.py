@@ -38,6 +38,7 @@ _vllm_bases()
 
 from engine_hooks.vllm.meta import WorkerReport  # noqa: E402
 from engine_hooks.vllm.scheduler_side import SchedulerSide  # noqa: E402
+from engine_hooks.vllm.scope import tag_salt  # noqa: E402
 
 BS = 128
 
@@ -77,7 +78,10 @@ GW = Gateway(CONTEXT_SECRET)
 _serial = iter(range(1, 1_000_000))
 
 
-def _req(prompt: list[int], token: object, status: str = "FINISHED_STOPPED", salt: str | None = "s") -> Any:
+SALT = tag_salt(CONTEXT_SECRET, "s")  # what the scope middleware issues
+
+
+def _req(prompt: list[int], token: object, status: str = "FINISHED_STOPPED", salt: str | None = SALT) -> Any:
     params = {"semgov_context": token} if token is not None else None
     hashes = [bytes([i % 256]) * 32 for i in range(len(prompt or ()) // BS)]
     return NS(request_id=f"cmpl-{next(_serial)}-0-abcd1234", kv_transfer_params=params, lora_request=None,
@@ -218,11 +222,31 @@ def test_hostile_request_fields_answer_zero_and_never_raise(side: SchedulerSide,
     """Whatever ``kv_transfer_params`` holds, and a missing prompt or odd salt: (0, False), no decision."""
     p = pair_prompts("unit-hostile", e_len=512)
     _donor(side, p)
-    for prompt, salt in ((p.recipient, "s"), (None, object())):
+    for prompt, salt in ((p.recipient, SALT), (None, object())):
         r = _req(p.recipient, None, salt=salt)  # type: ignore[arg-type]
         r.kv_transfer_params, r.prompt_token_ids = params, prompt
         assert side.matched(r, 0) == (0, False)
     assert side.stats["decided"] == 0
+
+
+@pytest.mark.parametrize(
+    "salt", [None, "s", "semgov:0123.0123456789abcdef0123456789abcdef", tag_salt(b"x" * 32, "s")]
+)
+def test_a_request_the_middleware_did_not_scope_gets_no_reuse_and_is_counted(
+    side: SchedulerSide, salt: object
+) -> None:
+    """Where every route converges: a request whose salt the scope middleware did not issue (none, the
+    client's own, a forged tag, another key's) is never decided or saved as a donor, and is counted."""
+    p = pair_prompts("unit-unscoped", e_len=512)
+    _donor(side, p)
+    counter = side.gov.metrics.unscoped.labels("no_salt" if salt is None else "foreign_salt")
+    before = counter._value.get()
+    r = _req(p.recipient, GW.token("acme", "ns", p.recipient_segs), salt=salt)  # type: ignore[arg-type]
+    assert side.matched(r, 0) == (0, False)
+    assert side.stats["decided"] == 0 and side.stats["unscoped"] == 1
+    assert counter._value.get() == before + 1
+    side.finished(r)
+    assert side.stats["donors"] == 1  # only the scoped donor of _donor
 
 
 def test_a_store_of_zero_megabytes_saves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
