@@ -52,6 +52,8 @@ STUBS = ROOT / "tests" / "sglang_hook" / "stubs"
 PLUGIN_MODULE = "tests.sglang_server.cpu_plugin"
 CONTEXT_SECRET = b"semgov-real-server-rig-gateway-key-0123456789"
 AUDIENCE = "semgov-test"  # SEMGOV_CONTEXT_AUDIENCE of every rig server, the aud of its tokens
+# Every rig server is in a context-key rotation's grace period: SEMGOV_CONTEXT_KEY_PREVIOUS names this.
+PREVIOUS_CONTEXT_SECRET = b"the-gateway-key-before-the-rotation-0123456789"
 
 TASK = {"id": "qa", "version": "1"}
 CONTRACT = {"id": "answer-json", "schema_sha256": "a" * 64}
@@ -231,6 +233,7 @@ class HookFiles:
         trust.write_text(json.dumps({"keys": [{"key_id": kid, "public_key": pub.read_text()}]}))
         ck = directory / "context.key"
         ck.write_bytes(CONTEXT_SECRET)
+        (directory / "context-previous.key").write_bytes(PREVIOUS_CONTEXT_SECRET)
         return cls(directory, priv, pub, trust, ck, directory / "audit", policy)
 
     def env(self) -> dict[str, str]:
@@ -240,6 +243,7 @@ class HookFiles:
             "SEMGOV_SIGNING_KEY": str(self.signing_key),
             "SEMGOV_CONTEXT_KEY": str(self.context_key),
             "SEMGOV_CONTEXT_AUDIENCE": AUDIENCE,
+            "SEMGOV_CONTEXT_KEY_PREVIOUS": str(self.dir / "context-previous.key"),
             "SEMGOV_AUDIT_DIR": str(self.audit_dir),
         }
 
@@ -542,12 +546,17 @@ class Gateway:
         *,
         task: dict[str, str] | None = None,
         contract: dict[str, str] | None = None,
+        secret: bytes | None = None,
+        audience: str = AUDIENCE,
+        expires_at: int | None = None,
     ) -> str:
+        """A token (by default under the current key, for the rig's audience, 300 s to live)."""
         from engine_hooks.sglang.context import make_context_token
 
         return make_context_token(
-            self.secret,
-            audience=AUDIENCE,
+            secret or self.secret,
+            audience=audience,
+            expires_at=expires_at,
             tenant=tenant,
             namespace=namespace,
             task=task or TASK,

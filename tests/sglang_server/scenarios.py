@@ -547,6 +547,53 @@ HOSTILE_EXTRA_KEYS: dict[str, Any] = {
 }
 
 
+def rotation(server: Server, tag: str) -> Outcome:
+    """A context-key rotation's grace period (the rig's servers hold SEMGOV_CONTEXT_KEY_PREVIOUS): a
+    previous-key token is its tenant's scope (its recipient is realized from a current-key donor), another
+    tenant's previous-key token gets nothing; a retired key's, another audience's and an expired token
+    are refused, each with a tree key of its own (no exact-prefix hit, not even on its own repeat)."""
+    from tests.sglang_server.rig import PREVIOUS_CONTEXT_SECRET
+
+    out = Outcome(f"rotation[{tag}]")
+    gw = server.gateway
+    p = pair_prompts(f"{tag}-rotation", e_len=1024)
+    ns = f"ns-{tag}-rotation"
+    sent = [server.generate(p.donor, rid=f"{tag}-donor", extra_key=gw.token("acme", ns, p.donor_segs))]
+    settle(server)
+    old = gw.token("acme", ns, p.recipient_segs, secret=PREVIOUS_CONTEXT_SECRET)
+    other = gw.token("globex", ns, p.recipient_segs, secret=PREVIOUS_CONTEXT_SECRET)
+    warm = server.generate(p.recipient, rid=f"{tag}-old-key", extra_key=old)
+    foreign = server.generate(p.recipient, rid=f"{tag}-other-tenant", extra_key=other)
+    sent += [warm, foreign]
+    refused = {
+        "retired-key": gw.token(
+            "acme", ns, p.recipient_segs, secret=b"a-key-retired-long-ago-0123456789abcdef"
+        ),
+        "other-audience": gw.token("acme", ns, p.recipient_segs, audience="another-deployment"),
+        "expired": gw.token("acme", ns, p.recipient_segs, expires_at=1_000_000),
+    }
+    for name, tok in refused.items():
+        for i in range(2):
+            r = server.generate(p.recipient, rid=f"{tag}-{name}-{i}", extra_key=tok)
+            sent.append(r)
+            out.expect(r.cached_tokens == 0, f"{name} #{i}: {r.cached_tokens} cached tokens (a shared key?)")
+    _sent(out, sent)
+    audit = _audit(server)
+    out.absorb(audit, f"{tag}-")
+    realized = audit.realized.get(f"{tag}-old-key", 0)
+    out.expect(
+        realized == p.evidence_len, f"previous-key recipient realized {realized}, expected {p.evidence_len}"
+    )
+    out.expect(
+        audit.realized.get(f"{tag}-other-tenant", 0) == 0, "another tenant's previous-key token realized"
+    )
+    out.expect(foreign.cached_tokens == 0, f"another tenant hit {foreign.cached_tokens} cached tokens")
+    for name in refused:
+        out.expect(f"{tag}-{name}-0" not in audit.decisions, f"a {name} token was decided")
+    _server_problems(server, out)
+    return out
+
+
 def hostile_extra_keys(server: Server, tag: str) -> Outcome:
     """Malformed ``extra_key``s (non-ASCII, lone surrogates, junk after a valid token, huge) are
     served without semantic reuse, and the scheduler stays up."""

@@ -71,6 +71,13 @@ def test_hostile_extra_keys_keep_the_scheduler_up(server: Server) -> None:
     assert_healthy(server)
 
 
+def test_a_context_key_rotation_keeps_each_tenant_in_its_own_scope(server: Server) -> None:
+    """Previous-key tokens keep their tenant's scope during a rotation; refused tokens share nothing."""
+    out = scenarios.rotation(server, "rot")
+    assert not out.problems, out.problems
+    assert_healthy(server)
+
+
 def test_memory_pressure_evicts_donors_and_retracts(small: Server) -> None:
     """A pool too small for the traffic: eviction and retraction, accounting intact, server up."""
     out = scenarios.pressure(small, "pr")

@@ -17,20 +17,16 @@ import pytest
 
 from tests.vllm.rig import VllmServer, VllmServerConfig, launch_vllm, require_vllm_python
 
-PREVIOUS_CONTEXT_SECRET = b"the-gateway-key-before-the-rotation-0123456789"
-
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     work = tmp_path_factory.mktemp("vllm-server")
-    previous = work / "context-previous.key"
-    previous.write_bytes(PREVIOUS_CONTEXT_SECRET)  # a key rotation's grace period (test_vllm_server.py)
     cfg = VllmServerConfig(
         kv_dump=True,
         eager=True,
         num_blocks=40,
         max_model_len=2048,
-        hook_env={"SEMGOV_MAX_BODY_MB": "1", "SEMGOV_CONTEXT_KEY_PREVIOUS": str(previous)},
+        hook_env={"SEMGOV_MAX_BODY_MB": "1"},  # the rig's servers hold a previous context key too
     )
     with launch_vllm(cfg, work, require_vllm_python()) as s:
         yield s

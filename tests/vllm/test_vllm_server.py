@@ -17,8 +17,7 @@ import urllib.request
 from typing import Any
 
 from engine_hooks.sglang.context import make_context_token
-from tests.sglang_server.rig import AUDIENCE, CONTEXT_SECRET
-from tests.vllm.conftest import PREVIOUS_CONTEXT_SECRET
+from tests.sglang_server.rig import AUDIENCE, CONTEXT_SECRET, PREVIOUS_CONTEXT_SECRET
 from tests.vllm.rig import TINY, VllmServer
 
 MODEL = TINY
