@@ -31,6 +31,7 @@ NOTE: invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import secrets
@@ -157,7 +158,12 @@ class SchedulerSide:
             salt = request.cache_salt if isinstance(request.cache_salt, str) else None
             ctx = None
             if self._scoped(rid, salt):
-                ctx = self.gov.verdict_of(token, lora, dedicated=True).context
+                # NOTE: vLLM carries the token in a field of its own (SGLang appends the adapter to
+                # extra_key): the token is verified alone, then bound to vLLM's resolved adapter, so
+                # a LoRA request's candidates and donors are those of its adapter only.
+                ctx = self.gov.verdict_of(token, None, dedicated=True).context
+                if ctx is not None:
+                    ctx = dataclasses.replace(ctx, lora_id=lora if isinstance(lora, str) else None)
             st = _Req(request_label(rid), ctx, salt, array("q", request.prompt_token_ids or ()))
             self.reqs[rid] = st
         return st

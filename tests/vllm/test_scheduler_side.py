@@ -81,10 +81,17 @@ _serial = iter(range(1, 1_000_000))
 SALT = tag_salt(CONTEXT_SECRET, "s")  # what the scope middleware issues
 
 
-def _req(prompt: list[int], token: object, status: str = "FINISHED_STOPPED", salt: str | None = SALT) -> Any:
+def _req(
+    prompt: list[int],
+    token: object,
+    status: str = "FINISHED_STOPPED",
+    salt: str | None = SALT,
+    lora: str | None = None,
+) -> Any:
     params = {"semgov_context": token} if token is not None else None
     hashes = [bytes([i % 256]) * 32 for i in range(len(prompt or ()) // BS)]
-    return NS(request_id=f"cmpl-{next(_serial)}-0-abcd1234", kv_transfer_params=params, lora_request=None,
+    adapter = NS(lora_name=lora, lora_int_id=7) if lora is not None else None
+    return NS(request_id=f"cmpl-{next(_serial)}-0-abcd1234", kv_transfer_params=params, lora_request=adapter,
               cache_salt=salt, prompt_token_ids=prompt, status=NS(name=status),
               block_hashes=hashes)  # fmt: skip
 
@@ -116,8 +123,10 @@ def _ask(side: SchedulerSide, req: Any, m: int) -> int:
     raise AssertionError("never answered")
 
 
-def _donor(side: SchedulerSide, p: Any, ns: str = "ns", status: str = "FINISHED_STOPPED") -> Any:
-    d = _req(p.donor, GW.token("acme", ns, p.donor_segs), status)
+def _donor(
+    side: SchedulerSide, p: Any, ns: str = "ns", status: str = "FINISHED_STOPPED", lora: str | None = None
+) -> Any:
+    d = _req(p.donor, GW.token("acme", ns, p.donor_segs), status, lora=lora)
     assert side.matched(d, 0) == (0, False)  # no donors of its scope yet
     plan = _step(side, d, 0, len(p.donor), _blocks(len(p.donor)))
     side.finished(d)
@@ -132,6 +141,21 @@ def _allowed(side: SchedulerSide, tag: str) -> tuple[Any, Any]:
     r = _req(p.recipient, GW.token("acme", "ns", p.recipient_segs))
     assert _ask(side, r, 256) == 512
     return p, r
+
+
+def test_a_lora_request_reuses_donors_of_its_own_adapter_only(side: SchedulerSide) -> None:
+    """A request under a LoRA adapter is governed like SGLang's: its token verifies (it used to be
+    refused outright), it is allowed a donor of the same adapter, and never one of another adapter
+    or of the base model."""
+    p = pair_prompts("unit-lora", e_len=512)
+    _donor(side, p, lora="adapter-a")
+    same = _req(p.recipient, GW.token("acme", "ns", p.recipient_segs), lora="adapter-a")
+    assert _ask(side, same, 256) == 512
+    decided = side.stats["decided"]
+    for other in ("adapter-b", None):
+        r = _req(p.recipient, GW.token("acme", "ns", p.recipient_segs), lora=other)
+        assert _ask(side, r, 256) == 0
+    assert side.stats["decided"] == decided  # no donor in those scopes: nothing to decide
 
 
 def test_a_finished_context_request_is_saved_whole_and_becomes_a_donor(side: SchedulerSide) -> None:
