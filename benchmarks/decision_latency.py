@@ -20,7 +20,7 @@ when a request finishes: its token array, segment table, hashes and k-gram index
 once, and its provenance signature verified once, not per decision.
 
 ``--hook``: what the SGLang hook's decision process runs per request, timed whole: the recipient
-arrives as SGLang's ``array('q')`` and ``engine_hooks.sglang.decisions.evaluate_request`` builds its
+arrives as SGLang's ``array('q')`` and ``engine_hooks.core.decisions.evaluate_request`` builds its
 prompt and request and decides (donors registered first, as the hook holds them).
 
 ``--burst`` (implies ``--hook``): decisions back to back, as the hook's decision process makes them
@@ -105,9 +105,9 @@ def _hook_call(ev: Evaluator, r: CapturedRequest) -> Any:
     the donor as the hook registered it (a DonorEntry holding the registered prompt)."""
     from array import array
 
-    from engine_hooks.sglang.context import RequestContext
-    from engine_hooks.sglang.decisions import evaluate_request
-    from engine_hooks.sglang.donors import DonorEntry
+    from engine_hooks.core.context import RequestContext
+    from engine_hooks.core.decisions import evaluate_request
+    from engine_hooks.core.donors import DonorEntry
 
     segs = tuple((s.role, s.start, s.end) for s in r.prompt.segments)
     task, contract = r.task.model_dump(), r.response_contract.model_dump()
@@ -122,7 +122,7 @@ def _hook_call(ev: Evaluator, r: CapturedRequest) -> Any:
 
 
 _STAGES = (
-    ("engine_hooks.sglang.decisions", "prompt_of"),
+    ("engine_hooks.core.decisions", "prompt_of"),
     ("semgov.facts.compute", "_provenance_facts"),
     ("semgov.facts.compute", "find_spans"),
     ("semgov.facts.tokens", "_candidate_diagonals"),
@@ -162,9 +162,9 @@ def _burst_calls(ev: Evaluator, lines: list[str]) -> list[Any]:
     import pickle
     from array import array
 
-    from engine_hooks.sglang.context import RequestContext
-    from engine_hooks.sglang.decisions import evaluate_request
-    from engine_hooks.sglang.donors import DonorEntry
+    from engine_hooks.core.context import RequestContext
+    from engine_hooks.core.decisions import evaluate_request
+    from engine_hooks.core.donors import DonorEntry
 
     calls = []
     for line in lines:

@@ -223,7 +223,7 @@ def floor(evidence: int) -> list[tuple[str, float, int]]:
         token = h.context(segments=rlay.segments)
         d_len, node = tree._donor_path(st.donor)
         root = tree.root_node_handle(st.donor.cache_key)
-        pieces = __import__("engine_hooks.sglang.plan", fromlist=["plan_pieces"]).plan_pieces(
+        pieces = __import__("engine_hooks.core.plan", fromlist=["plan_pieces"]).plan_pieces(
             tree._spans(st.chosen, st), st.m0, st.limit0, d_len, tree.page_size
         )
         k = sum(p.length for p in pieces)

@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/metrics_overhead.py [--n 20000] [--core 0]
 
-Times :class:`~engine_hooks.sglang.metrics.HookMetrics` calls as the hook makes them, in two
+Times :class:`~engine_hooks.core.metrics.HookMetrics` calls as the hook makes them, in two
 modes, each in a fresh interpreter: in memory (no ``PROMETHEUS_MULTIPROC_DIR``: SGLang without
 ``--enable-metrics``) and exported (``PROMETHEUS_MULTIPROC_DIR`` set, as ``--enable-metrics``
 does: every write goes to a memory-mapped file). Per call, p50/p99 over ``--n`` calls:
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 CHILD = r"""
 import json, sys, time
-from engine_hooks.sglang.metrics import hook_metrics
+from engine_hooks.core.metrics import hook_metrics
 n = int(sys.argv[1])
 m = hook_metrics()
 rec = {"decision": "deny", "policy": {"engine": "yaml"}, "approved_tokens": 0,

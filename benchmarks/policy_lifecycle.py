@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/policy_lifecycle.py [--n 400] [--tokens 650] [--reloads 20] [--core 0]
 
-A real :class:`~engine_hooks.sglang.governor.Governor` (the hook without SGLang: the parts the
+A real :class:`~engine_hooks.core.governor.Governor` (the hook without SGLang: the parts the
 scheduler calls) decides on its decision thread in this process (``SEMGOV_DECISION_PROCESS=0``,
 so every cost is visible here), with the default policy, real keys and one registered donor per
 request. Four arms, ``--n`` recipients each, each recipient with one candidate:
@@ -44,10 +44,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._machine import baseline  # noqa: E402
-from engine_hooks.sglang.context import RequestContext  # noqa: E402
-from engine_hooks.sglang.donors import DonorSpec  # noqa: E402
-from engine_hooks.sglang.governor import Governor  # noqa: E402
-from engine_hooks.sglang.settings import HookSettings  # noqa: E402
+from engine_hooks.core.context import RequestContext  # noqa: E402
+from engine_hooks.core.donors import DonorSpec  # noqa: E402
+from engine_hooks.core.governor import Governor  # noqa: E402
+from engine_hooks.core.settings import HookSettings  # noqa: E402
 from semgov.signing.keys import generate_keypair, key_id_for, load_public_key  # noqa: E402
 
 TASK = {"id": "qa", "version": "1"}

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine_hooks.sglang.providers.minhash import MinHashProvider  # noqa: E402
+from engine_hooks.core.providers.minhash import MinHashProvider  # noqa: E402
 
 VOCAB = 49_152
 

@@ -6,7 +6,7 @@ How a request flows through it (SGLang 0.5.23's scheduler calls, in order):
    hook on ``Scheduler.get_new_batch_prefill``): a request seen for the first time gets its
    server-side state (:class:`_State`, kept on SGLang's ``Req`` object itself), and ``req.extra_key``
    is replaced with the key derived from the request's verified context
-   (:mod:`engine_hooks.sglang.context`: tenant, namespace, LoRA adapter and cache salt), so
+   (:mod:`engine_hooks.core.context`: tenant, namespace, LoRA adapter and cache salt), so
    tenants and namespaces never share exact-prefix nodes. When at least ``min_unmatched_tokens``
    stay unmatched by the exact tree and the request has a verified context, the candidate
    provider is asked for donors of the same scope, their live KV is measured in the tree, and
@@ -29,7 +29,7 @@ How a request flows through it (SGLang 0.5.23's scheduler calls, in order):
 3. ``prefix_device_indices`` (row allocation): the exact-match path followed by the realized
    slots, which from then on are rows of the request above ``cache_protected_len``
    (request-private, counted by SGLang as ``uncached``, freed with the row).
-3b. regions (approved runs after fresh tokens, :func:`~engine_hooks.sglang.plan.plan_regions`):
+3b. regions (approved runs after fresh tokens, :func:`~engine_hooks.core.plan.plan_regions`):
    the plugin's admission hooks make SGLang's chunked prefill end a chunk where the next region
    starts (:meth:`GovernedRadixCache.chunk_cap`, :meth:`GovernedRadixCache.chunk_limit`); before
    the next round, :meth:`GovernedRadixCache.advance_chunked` copies the region's K/V into fresh
@@ -87,14 +87,12 @@ from sglang.srt.mem_cache.common import evict_from_tree_cache
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-from engine_hooks.sglang.canary import Canaries
-from engine_hooks.sglang.context import KEY_PREFIX, RequestContext, anonymous_cache_key
-from engine_hooks.sglang.decisions import PendingDecision
-from engine_hooks.sglang.donors import DonorSpec, LiveDonor
-from engine_hooks.sglang.governor import Governor
-from engine_hooks.sglang.guard import InvariantGuard, InvariantViolation
-from engine_hooks.sglang.kv_copy import copy_kv
-from engine_hooks.sglang.plan import (
+from engine_hooks.core.canary import Canaries
+from engine_hooks.core.context import KEY_PREFIX, RequestContext, anonymous_cache_key
+from engine_hooks.core.decisions import PendingDecision
+from engine_hooks.core.donors import DonorSpec, LiveDonor
+from engine_hooks.core.governor import Governor
+from engine_hooks.core.plan import (
     Piece,
     Region,
     plan_pieces,
@@ -104,7 +102,9 @@ from engine_hooks.sglang.plan import (
     request_label,
     unrealizable_reason,
 )
-from engine_hooks.sglang.rope import RopeSpec
+from engine_hooks.core.rope import RopeSpec
+from engine_hooks.sglang.guard import InvariantGuard, InvariantViolation
+from engine_hooks.sglang.kv_copy import copy_kv
 from engine_hooks.sglang.tp import Choice, DonorOp, FollowerGovernor, PendingDonors, RoundSync, TpLink
 from semgov.decide import SignedDecision
 from semgov.log import describe_error, get_logger
@@ -154,7 +154,7 @@ class _State:
     region_deadline: float = 0.0  # past it, a request kept waiting for a chunk boundary gives them up
     regions_realized: int = 0
     shifted: bool = False  # it received shifted KV (a canary may replay it cold)
-    canary: bool = False  # a canary's cold replay (engine_hooks.sglang.canary): no reuse, never a donor
+    canary: bool = False  # a canary's cold replay (engine_hooks.core.canary): no reuse, never a donor
 
 
 def _int64(tokens: Any) -> np.ndarray[Any, np.dtype[np.int64]]:
@@ -690,7 +690,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         the record plans to recompute and, of shifted spans, at least the share the settings
         recompute (``SEMGOV_SHIFTED_RECOMPUTE_PCT``); no shifted span where canaries turned shifted
         reuse off for the request's scope, nor, while its scope is on probation, for a request no
-        canary can replay (:meth:`~engine_hooks.sglang.canary.Canaries.shifted_ok`)."""
+        canary can replay (:meth:`~engine_hooks.core.canary.Canaries.shifted_ok`)."""
         assert self.gov is not None
         spans = dec.approved_spans
         ctx = st.context

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine_hooks.sglang.settings import HookConfigError, HookSettings
+from engine_hooks.core.settings import HookConfigError, HookSettings
 
 
 def unsupported(ctx: Any) -> list[str]:
@@ -62,9 +62,9 @@ def build_governed_cache(ctx: Any, settings: HookSettings | None = None) -> Any:
     import sglang
     from sglang.srt.mem_cache.registry import create_unified_radix_cache
 
+    from engine_hooks.core.governor import Governor
     from engine_hooks.sglang.cache import GovernedRadixCache
-    from engine_hooks.sglang.governor import Governor
-    from engine_hooks.sglang.rope import RopeSpec
+    from engine_hooks.sglang.rope import rope_for_model
     from engine_hooks.sglang.tp import FollowerGovernor, TpLink
     from semgov.log import get_logger
 
@@ -76,7 +76,7 @@ def build_governed_cache(ctx: Any, settings: HookSettings | None = None) -> Any:
     settings = settings if settings is not None else HookSettings.from_env()
     hf_config = getattr(ctx.model_config, "hf_config", None)
     model = getattr(getattr(getattr(ctx, "tp_worker", None), "model_runner", None), "model", None)
-    rope = RopeSpec.for_model(hf_config, model) if hf_config is not None else None
+    rope = rope_for_model(hf_config, model) if hf_config is not None else None
     get_logger().info(
         "semgov radix cache: shifted spans "
         + (
@@ -120,7 +120,7 @@ def build_governed_cache(ctx: Any, settings: HookSettings | None = None) -> Any:
 
 def build_canaries(settings: HookSettings, governor: Any, server_args: Any) -> Any:
     """The hook's canaries (``SEMGOV_CANARY_*``): replays go to this server's own ``/generate``."""
-    from engine_hooks.sglang.canary import STATE_FILE, Canaries, CanarySettings, http_replay
+    from engine_hooks.core.canary import STATE_FILE, Canaries, CanarySettings, http_replay
     from semgov.wire.timefmt import rfc3339
 
     host = str(getattr(server_args, "host", None) or "127.0.0.1")
@@ -150,7 +150,7 @@ def build_canaries(settings: HookSettings, governor: Any, server_args: Any) -> A
 
 def canary_audit(governor: Any) -> Any:
     """Canary events as engine events, queued on the governor like every other (signed off-thread)."""
-    from engine_hooks.sglang.canary import CanaryEvent
+    from engine_hooks.core.canary import CanaryEvent
 
     def audit(ev: CanaryEvent) -> None:
         c = ev.canary

@@ -8,7 +8,8 @@ the recipient owns:
 - a ``shifted`` span moves by ``delta = recipient_pos - donor_pos`` positions. SGLang stores keys
   *after* RoPE, and RoPE rotates each frequency pair ``i`` of a key by ``p * inv_freq[i]``;
   rotations compose, so rotating a stored key by ``delta * inv_freq[i]`` gives exactly the key
-  RoPE would have produced at ``p + delta``. Values carry no position and are copied unchanged.
+  RoPE would have produced at ``p + delta`` (:mod:`engine_hooks.core.rotation`). Values carry no
+  position and are copied unchanged.
 
 Only RoPE whose angle is linear in the position is re-rotated: plain, linear, llama3 and static
 YaRN scaling, with the frequencies taken from the model's own rotary embedding
@@ -31,9 +32,10 @@ from typing import Any
 
 import torch
 
-from engine_hooks.sglang.rope import RopeSpec
+from engine_hooks.core.rope import RopeSpec
+from engine_hooks.core.rotation import check_delta, rotate, rotation
 
-__all__ = ["RopeSpec", "copy_kv", "rerotate_keys", "supported_pool"]
+__all__ = ["copy_kv", "supported_pool"]
 
 _POOL_MODULE = "sglang.srt.mem_cache.memory_pool"
 _POOL_CLASS = "MHATokenToKVPool"
@@ -44,68 +46,6 @@ def _positive_int(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         return None
     return value
-
-
-def _inv_freq(rope: RopeSpec, device: torch.device) -> torch.Tensor:
-    """RoPE's inverse frequencies ``[rotary_dim / 2]`` in float32: the model's own effective ones
-    when the spec carries them (scaled RoPE), else computed as SGLang's
-    ``RotaryEmbedding._compute_inv_freq`` (and transformers) compute plain RoPE's."""
-    if rope.inv_freq is not None:
-        return torch.tensor(rope.inv_freq, dtype=torch.float32, device=device)
-    exponents = torch.arange(0, rope.rotary_dim, 2, dtype=torch.float32, device=device) / rope.rotary_dim
-    return 1.0 / (rope.base**exponents)
-
-
-def _rotation(delta: torch.Tensor, rope: RopeSpec, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of ``delta * inv_freq`` as float32 ``[n, 1, rotary_dim / 2]``.
-
-    The angle is formed in float64 so a large ``delta`` loses no precision before cos/sin."""
-    angle = delta.to(device=device, dtype=torch.float64)[:, None] * _inv_freq(rope, device).to(torch.float64)
-    return angle.cos().to(torch.float32)[:, None, :], angle.sin().to(torch.float32)[:, None, :]
-
-
-def _rotate(
-    keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unmoved: torch.Tensor, rope: RopeSpec
-) -> torch.Tensor:
-    """``keys`` rotated pairwise by the angles behind ``cos``/``sin``; rows in ``unmoved`` are
-    returned bit-identical."""
-    x = keys.to(torch.float32)
-    rot, rest = x[..., : rope.rotary_dim], x[..., rope.rotary_dim :]
-    if rope.is_neox_style:
-        x1, x2 = rot.chunk(2, dim=-1)
-    else:
-        x1, x2 = rot[..., 0::2], rot[..., 1::2]
-    o1 = x1 * cos - x2 * sin
-    o2 = x2 * cos + x1 * sin
-    if rope.is_neox_style:
-        rotated = torch.cat((o1, o2), dim=-1)
-    else:
-        rotated = torch.stack((o1, o2), dim=-1).flatten(-2)
-    out = torch.cat((rotated, rest), dim=-1).to(keys.dtype)
-    return torch.where(unmoved[:, None, None], keys, out)
-
-
-def _check_delta(delta: Any, n: int) -> torch.Tensor:
-    if not isinstance(delta, torch.Tensor) or delta.dtype != torch.int64 or delta.dim() != 1:
-        raise ValueError("delta must be a 1-D int64 tensor (or None)")
-    if delta.shape[0] != n:
-        raise ValueError(f"delta has {delta.shape[0]} entries for {n} slots")
-    return delta
-
-
-def rerotate_keys(keys: torch.Tensor, delta: torch.Tensor, rope: RopeSpec) -> torch.Tensor:
-    """Post-RoPE keys ``[n, kv_heads, head_dim]`` moved by ``delta[i]`` positions each.
-
-    Computed in float32 (angles in float64) and returned in ``keys.dtype``; dims at and beyond
-    ``rope.rotary_dim`` are untouched, and rows with ``delta == 0`` come back bit-identical.
-    """
-    if keys.dim() != 3 or keys.shape[-1] != rope.head_dim:
-        raise ValueError(f"keys must be [n, kv_heads, {rope.head_dim}], got {tuple(keys.shape)}")
-    if not keys.is_floating_point():
-        raise ValueError(f"keys must be floating point, got {keys.dtype}")
-    delta = _check_delta(delta, keys.shape[0]).to(keys.device)
-    cos, sin = _rotation(delta, rope, keys.device)
-    return _rotate(keys, cos, sin, delta == 0, rope)
 
 
 def supported_pool(pool: Any) -> str | None:
@@ -193,7 +133,7 @@ def copy_kv(
     if dst.shape[0] != n:
         raise ValueError(f"src has {n} slots, dst has {dst.shape[0]}")
     if delta is not None:
-        delta = _check_delta(delta, n)
+        delta = check_delta(delta, n)
 
     buffers = _layer_buffers(pool)
     device = buffers[0][0].device
@@ -206,25 +146,25 @@ def copy_kv(
     if check:
         _check_slot_ids(src, dst, page=pool.page_size, rows=pool.size + pool.page_size)
 
-    rotation: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    turn: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     if delta is not None and rope is not None:
         delta = delta.to(device, non_blocking=True)
-        cos, sin = _rotation(delta, rope, device)
-        rotation = (cos, sin, delta == 0)
+        cos, sin = rotation(delta, rope, device)
+        turn = (cos, sin, delta == 0)
 
     if _has_fused_move(pool):
         pool.move_kv_cache(dst, src)
-        if rotation is not None:
+        if turn is not None:
             assert rope is not None
             for k, _ in buffers:
-                k.index_copy_(0, dst, _rotate(k.index_select(0, dst), *rotation, rope))
+                k.index_copy_(0, dst, rotate(k.index_select(0, dst), *turn, rope))
         return
     for k, v in buffers:
         v.index_copy_(0, dst, v.index_select(0, src))
         keys = k.index_select(0, src)
-        if rotation is not None:
+        if turn is not None:
             assert rope is not None
-            keys = _rotate(keys, *rotation, rope)
+            keys = rotate(keys, *turn, rope)
         k.index_copy_(0, dst, keys)
 
 

@@ -9,7 +9,7 @@ registration completes, and the clock its deadlines are measured on. If two rank
 values, one rank would admit a request with realized KV while another prefills it cold, and
 their forwards would no longer match.
 
-So only rank 0 (the *leader*) runs the :class:`~engine_hooks.sglang.governor.Governor`: the
+So only rank 0 (the *leader*) runs the :class:`~engine_hooks.core.governor.Governor`: the
 decision process, signing, the audit log. At the start of every prefill round that has work
 (:meth:`~engine_hooks.sglang.cache.GovernedRadixCache.sync_round`), it broadcasts a
 :class:`RoundSync` over SGLang's own TP CPU process group (``gloo``): its clock, the donor
@@ -46,11 +46,11 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from engine_hooks.sglang.context import ContextKeys, RequestContext
-from engine_hooks.sglang.decisions import PendingDecision
-from engine_hooks.sglang.donors import DonorSpec, LiveDonor, pop_donor
-from engine_hooks.sglang.settings import HookSettings
-from engine_hooks.sglang.tokens import Verdict, load_context_keys, verify_context
+from engine_hooks.core.context import ContextKeys, RequestContext
+from engine_hooks.core.decisions import PendingDecision
+from engine_hooks.core.donors import DonorSpec, LiveDonor, pop_donor
+from engine_hooks.core.settings import HookSettings
+from engine_hooks.core.tokens import Verdict, load_context_keys, verify_context
 from semgov.decide import SignedDecision
 from semgov.log import get_logger
 

@@ -29,7 +29,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from engine_hooks.sglang.settings import HookConfigError
+from engine_hooks.core.settings import HookConfigError
 from engine_hooks.vllm.meta import StepPlan
 from engine_hooks.vllm.scheduler_side import SchedulerSide
 from engine_hooks.vllm.worker_side import WorkerSide

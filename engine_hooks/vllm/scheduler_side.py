@@ -1,7 +1,7 @@
 """The scheduler side of semgov's vLLM connector: decisions, the load plan, donors, the audit trail.
 
 vLLM's scheduler calls these methods on its own thread; each only reads vLLM's objects, queues
-work for semgov's decision thread (:class:`~engine_hooks.sglang.governor.Governor`, the same core
+work for semgov's decision thread (:class:`~engine_hooks.core.governor.Governor`, the same core
 and audit log as the SGLang backend) and answers from what is ready, never waiting:
 
 - ``get_num_new_matched_tokens``: a request with a verified context token (in
@@ -40,12 +40,12 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine_hooks.sglang.context import RequestContext
-from engine_hooks.sglang.decisions import PendingDecision
-from engine_hooks.sglang.donors import DonorSpec, LiveDonor
-from engine_hooks.sglang.governor import Governor
-from engine_hooks.sglang.plan import plan_pieces, recompute_leading, request_label
-from engine_hooks.sglang.settings import HookConfigError, HookSettings
+from engine_hooks.core.context import RequestContext
+from engine_hooks.core.decisions import PendingDecision
+from engine_hooks.core.donors import DonorSpec, LiveDonor
+from engine_hooks.core.governor import Governor
+from engine_hooks.core.plan import plan_pieces, recompute_leading, request_label
+from engine_hooks.core.settings import HookConfigError, HookSettings
 from engine_hooks.vllm.book import StoreBook
 from engine_hooks.vllm.meta import LoadOp, LoadPiece, SaveOp, StepPlan, WorkerReport
 from engine_hooks.vllm.scope import issued_salt

@@ -6,7 +6,7 @@ decides every entry and drop). Each step, in the order vLLM calls them:
 
 - ``start_load_kv`` (before the forward, the loads being synchronous): for each planned load,
   the donor rows are written into the recipient's new blocks, keys re-rotated by the shift for
-  a shifted piece (:func:`engine_hooks.sglang.kv_copy.rerotate_keys`; values unchanged). Any
+  a shifted piece (:func:`engine_hooks.core.rotation.rerotate_keys`; values unchanged). Any
   failure, or a model whose RoPE cannot be re-rotated exactly for a shifted piece, reports the
   load's blocks to vLLM as failed (``get_block_ids_with_load_errors``), and vLLM recomputes them:
   the request runs cold from there;
@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from engine_hooks.sglang.kv_copy import rerotate_keys
-from engine_hooks.sglang.rope import RopeSpec
+from engine_hooks.core.rope import RopeSpec
+from engine_hooks.core.rotation import rerotate_keys
 from engine_hooks.vllm.layout import BlockLayout, LayoutError, cpu_cache_writer, learn_layout
 from engine_hooks.vllm.meta import LoadOp, SaveOp, StepPlan, WorkerReport
 from semgov.log import describe_error, get_logger

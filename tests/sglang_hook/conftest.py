@@ -153,7 +153,7 @@ class SyntheticModel:
     def kv(self, tokens: Any, positions: Any, layer: int) -> tuple[Any, Any]:
         import torch
 
-        from engine_hooks.sglang.kv_copy import rerotate_keys
+        from engine_hooks.core.rotation import rerotate_keys
 
         t = torch.as_tensor(tokens, dtype=torch.int64) % 4096
         pos = torch.as_tensor(positions, dtype=torch.int64)
@@ -259,7 +259,7 @@ class Harness:
     # ---- requests ----------------------------------------------------------------------------
 
     def context(self, tenant: str = "acme", namespace: str = "ns1", segments: Any = None, **over: Any) -> str:
-        from engine_hooks.sglang.context import make_context_token
+        from engine_hooks.core.context import make_context_token
 
         return make_context_token(
             self.files.context_secret,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine_hooks.sglang.events import open_audit_log
-from engine_hooks.sglang.settings import HookConfigError, HookSettings
+from engine_hooks.core.events import open_audit_log
+from engine_hooks.core.settings import HookConfigError, HookSettings
 from semgov.signing.keys import load_signing_key
 from tests.sglang_hook.conftest import HookFiles
 

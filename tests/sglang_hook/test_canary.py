@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from engine_hooks.sglang.canary import (
+from engine_hooks.core.canary import (
     DISABLED,
     STATE_FILE,
     Canaries,
@@ -27,7 +27,7 @@ from engine_hooks.sglang.canary import (
     save_state,
     scope_of,
 )
-from engine_hooks.sglang.context import RequestContext
+from engine_hooks.core.context import RequestContext
 
 TASK = {"id": "qa", "version": "1"}
 CONTRACT = {"id": "answer-json", "schema_sha256": "a" * 64}
@@ -400,7 +400,7 @@ def test_the_replay_sends_the_requests_own_sampling_parameters() -> None:
     the server's defaults cannot differ, with exactly as many tokens and ignore_eos."""
     import http.server
 
-    from engine_hooks.sglang.canary import http_replay
+    from engine_hooks.core.canary import http_replay
 
     got: list[dict[str, Any]] = []
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine_hooks.sglang.policies import open_capture
-from engine_hooks.sglang.settings import HookConfigError, HookSettings
+from engine_hooks.core.policies import open_capture
+from engine_hooks.core.settings import HookConfigError, HookSettings
 from tests.sglang_hook.conftest import HookFiles
 
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_hooks.sglang.context import (
+from engine_hooks.core.context import (
     ANON_KEY_PREFIX,
     KEY_PREFIX,
     MAX_LORA_ID_CHARS,
@@ -506,8 +506,8 @@ class _Log:
 
 def test_governor_context_of_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     """context_of returns None for refused tokens and even for a parser bug, logging a bounded repr only."""
-    import engine_hooks.sglang.governor as governor
-    import engine_hooks.sglang.tokens as tokens
+    import engine_hooks.core.governor as governor
+    import engine_hooks.core.tokens as tokens
 
     log = _Log()
     monkeypatch.setattr(tokens, "get_logger", lambda: log)
@@ -594,7 +594,7 @@ def test_the_fast_validation_accepts_only_what_the_models_accept_and_means_the_s
     doc: dict[str, Any],
 ) -> None:
     """Whatever the fast path accepts, the wire models accept too, with exactly the same context."""
-    from engine_hooks.sglang.context import _valid_fast, _validate_models
+    from engine_hooks.core.context import _valid_fast, _validate_models
 
     doc = json.loads(json.dumps(doc))  # NOTE: JSON's own types, as the parser sees them
     fast = _valid_fast(doc, "lora")
@@ -605,7 +605,7 @@ def test_the_fast_validation_accepts_only_what_the_models_accept_and_means_the_s
 
 def test_the_fast_validation_takes_a_gateways_usual_context() -> None:
     """A plain valid context (segments included) is accepted by the fast path, not left to the models."""
-    from engine_hooks.sglang.context import _valid_fast
+    from engine_hooks.core.context import _valid_fast
 
     token = _token(segments=[("system", 0, 3), ("evidence", 3, 9)])
     payload = token.split(".")[1]

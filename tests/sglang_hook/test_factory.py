@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from engine_hooks.sglang.settings import HookConfigError, HookSettings
+from engine_hooks.core.settings import HookConfigError, HookSettings
 
 
 def test_entry_point_is_declared_for_sglang_plugins() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from engine_hooks.sglang.settings import HookConfigError
+from engine_hooks.core.settings import HookConfigError
 from semgov.audit.errors import AuditWriteError
 from semgov.audit.verify_dir import verify_log
 from semgov.policy.engine import EngineResult, GateOutcome

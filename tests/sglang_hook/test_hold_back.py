@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-import engine_hooks.sglang.donors as donors_mod
-import engine_hooks.sglang.events as events_mod
+import engine_hooks.core.donors as donors_mod
+import engine_hooks.core.events as events_mod
 from engine_hooks.sglang.cache import state_of
 from engine_hooks.sglang.plugin import prefill_round
 from tests.sglang_hook.scenario import E_LEN, S_LEN, blocks, new_recipient, run_donor
@@ -534,7 +534,7 @@ def test_a_region_plan_whose_donor_tokens_differ_is_refused_and_the_request_runs
     make_harness: Any,
 ) -> None:
     """A well-formed plan naming other donor positions fails the token check: audited, nothing leaks."""
-    from engine_hooks.sglang.plan import Piece, Region
+    from engine_hooks.core.plan import Piece, Region
 
     h = make_harness()
     rcp = _to_region_boundary(h, blocks())

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from engine_hooks.sglang.context import make_context_token
-from engine_hooks.sglang.governor import Governor
-from engine_hooks.sglang.settings import HookConfigError, HookSettings
+from engine_hooks.core.context import make_context_token
+from engine_hooks.core.governor import Governor
+from engine_hooks.core.settings import HookConfigError, HookSettings
 from semgov.audit.keyring import AuditKeyring
 from semgov.audit.verify_dir import verify_log
 from semgov.signing.keys import generate_keypair, key_id_for, load_public_key

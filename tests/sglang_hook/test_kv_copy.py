@@ -18,8 +18,10 @@ import pytest
 import torch
 from transformers import GPTJConfig, LlamaConfig, MixtralConfig, Qwen2Config
 
+from engine_hooks.core.rope import RopeSpec
+from engine_hooks.core.rotation import rerotate_keys
 from engine_hooks.sglang import kv_copy as kv_copy_mod
-from engine_hooks.sglang.kv_copy import RopeSpec, copy_kv, rerotate_keys, supported_pool
+from engine_hooks.sglang.kv_copy import copy_kv, supported_pool
 
 # SGLang imports torchvision, which cannot be installed next to CPU torch: use the import-only stub.
 _STUBS = Path(__file__).resolve().parent / "stubs"

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from engine_hooks.core.context import RequestContext
+from engine_hooks.core.decider import _request_fields
 from engine_hooks.sglang.cache import _State, log_fields
-from engine_hooks.sglang.context import RequestContext
-from engine_hooks.sglang.decider import _request_fields
 from semgov import log
 from semgov.typing import SignedDecision
 from tests.sglang_hook.conftest import CONTRACT, TASK, HookFiles
@@ -30,11 +30,11 @@ SECRET = LEAKY_SECRET
 SCRIPT = """
 import sys, time
 from array import array
-from engine_hooks.sglang.context import RequestContext
-from engine_hooks.sglang.donors import DonorSpec
-from engine_hooks.sglang.governor import Governor
-from engine_hooks.sglang.policies import HookPolicies
-from engine_hooks.sglang.settings import HookSettings
+from engine_hooks.core.context import RequestContext
+from engine_hooks.core.donors import DonorSpec
+from engine_hooks.core.governor import Governor
+from engine_hooks.core.policies import HookPolicies
+from engine_hooks.core.settings import HookSettings
 from tests.sglang_hook.conftest import CONTRACT, TASK
 
 SEGS = (("system", 0, 200), ("evidence", 200, 600), ("question", 600, 650))

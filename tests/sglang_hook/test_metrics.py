@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from engine_hooks.sglang.governor import Governor
-from engine_hooks.sglang.metrics import BacklogSampler, HookMetrics, failure_reason, metric_names
+from engine_hooks.core.governor import Governor
+from engine_hooks.core.metrics import BacklogSampler, HookMetrics, failure_reason, metric_names
 from tests.sglang_hook.conftest import HookFiles
 from tests.sglang_hook.test_policy_lifecycle import decide, donate, governor, stricter, write_policy
 
@@ -175,7 +175,7 @@ def test_metrics_are_exported_through_the_multiprocess_directory(tmp_path: Path)
     mp = tmp_path / "prom"
     mp.mkdir()
     code = (
-        "from engine_hooks.sglang.metrics import hook_metrics\n"
+        "from engine_hooks.core.metrics import hook_metrics\n"
         "m = hook_metrics(); assert m.exported\n"
         "m.decision({'decision': 'allow', 'policy': {'engine': 'yaml'}, 'gates': [],\n"
         "            'approved_tokens': 640})\n"

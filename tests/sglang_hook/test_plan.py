@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine_hooks.sglang.plan import Piece, Region, plan_pieces, plan_regions, recompute_leading
+from engine_hooks.core.plan import Piece, Region, plan_pieces, plan_regions, recompute_leading
 
 
 def _span(rs: int, ds: int, n: int, kind: str = "shifted") -> dict[str, Any]:
@@ -95,7 +95,7 @@ def test_recompute_leading_follows_the_records_plan_with_the_setting_as_a_floor(
 def test_why_an_allow_realizes_nothing() -> None:
     """The reason an allow is not acted on: nothing past the exact match (None: SGLang has it all),
     everything past it recomputed or turned off, regions off, or runs too short for a region."""
-    from engine_hooks.sglang.plan import unrealizable_reason
+    from engine_hooks.core.plan import unrealizable_reason
 
     kw: dict[str, Any] = {"max_regions": 4, "min_region_tokens": 64, "page_size": 1}
     prefix = [_span(0, 0, 256, "prefix")]

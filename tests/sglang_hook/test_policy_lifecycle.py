@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from engine_hooks.sglang.context import RequestContext
-from engine_hooks.sglang.donors import DonorSpec
-from engine_hooks.sglang.governor import Governor
-from engine_hooks.sglang.settings import HookConfigError, HookSettings
+from engine_hooks.core.context import RequestContext
+from engine_hooks.core.donors import DonorSpec
+from engine_hooks.core.governor import Governor
+from engine_hooks.core.settings import HookConfigError, HookSettings
 from semgov.audit.reader import iter_records
 from semgov.intake.capture import read_captured
 from tests.sglang_hook.conftest import CONTRACT, TASK, HookFiles
@@ -308,8 +308,8 @@ def test_json_logs_carry_their_fields(hook_files: HookFiles) -> None:
 
     env = {**os.environ, **hook_files.env(SEMGOV_LOG_FORMAT="json", SEMGOV_DETOKENIZER="none")}
     code = (
-        "from engine_hooks.sglang.governor import Governor\n"
-        "from engine_hooks.sglang.settings import HookSettings\n"
+        "from engine_hooks.core.governor import Governor\n"
+        "from engine_hooks.core.settings import HookSettings\n"
         "Governor(HookSettings.from_env(), engine_name='test').close()\n"
     )
     root = Path(__file__).resolve().parents[2]

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_hooks.sglang.providers import load_provider
-from engine_hooks.sglang.providers.embedding import EmbeddingProvider
-from engine_hooks.sglang.providers.minhash import MinHashProvider
+from engine_hooks.core.providers import load_provider
+from engine_hooks.core.providers.embedding import EmbeddingProvider
+from engine_hooks.core.providers.minhash import MinHashProvider
 from semgov.typing import CandidateProvider, Match
 
 VOCAB = 49_152

@@ -6,9 +6,9 @@ import json
 import shutil
 from pathlib import Path
 
-from engine_hooks.sglang.policies import HookPolicies
-from engine_hooks.sglang.reload import ReloadWatcher, fingerprint
-from engine_hooks.sglang.settings import HookSettings
+from engine_hooks.core.policies import HookPolicies
+from engine_hooks.core.reload import ReloadWatcher, fingerprint
+from engine_hooks.core.settings import HookSettings
 from semgov.policy.source import load_policy_source
 from semgov.signing.keys import generate_keypair, key_id_for, load_public_key, load_signing_key
 from tests.conftest import ROOT

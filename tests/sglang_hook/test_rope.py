@@ -18,8 +18,9 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from engine_hooks.sglang.kv_copy import rerotate_keys
-from engine_hooks.sglang.rope import RopeSpec
+from engine_hooks.core.rope import RopeSpec
+from engine_hooks.core.rotation import rerotate_keys
+from engine_hooks.sglang.rope import rope_for_model, rope_from_rotary_embedding
 
 _STUBS = Path(__file__).resolve().parent / "stubs"
 if importlib.util.find_spec("torchvision") is None and str(_STUBS) not in sys.path:
@@ -84,7 +85,7 @@ def test_rerotation_with_the_models_frequencies_matches_sglangs_rope(
     """For plain, linear, llama3 and YaRN RoPE, rerotate(rope(p, k), d) equals SGLang's rope(p + d, k)."""
     scaling = SCALED[name]
     emb = make_rope(scaling)
-    spec = RopeSpec.from_rotary_embedding(_config(scaling), emb)
+    spec = rope_from_rotary_embedding(_config(scaling), emb)
     assert spec is not None and spec.scaling == (scaling or {}).get("rope_type", "default")
     assert spec.inv_freq is not None and len(spec.inv_freq) == HEAD_DIM // 2
     gen = torch.Generator().manual_seed(3)
@@ -103,7 +104,7 @@ def test_yarn_attention_factor_is_kept_once_not_applied_again(
     scaling = SCALED["yarn-attention-factor"]
     emb = make_rope(scaling)
     assert float(emb.mscale) > 1.0
-    spec = RopeSpec.from_rotary_embedding(_config(scaling), emb)
+    spec = rope_from_rotary_embedding(_config(scaling), emb)
     assert spec is not None
     k = torch.randn(64, 2, HEAD_DIM, generator=torch.Generator().manual_seed(4))
     pos = torch.arange(64) * 7
@@ -131,26 +132,26 @@ def test_dynamic_ntk_and_mismatched_embeddings_are_refused(
 ) -> None:
     """Dynamic NTK, an embedding of another type than the config says, or a cache that disagrees: None."""
     dynamic = {"rope_type": "dynamic", "factor": 2.0}
-    assert RopeSpec.from_rotary_embedding(_config(dynamic), make_rope(dynamic)) is None
-    assert RopeSpec.from_rotary_embedding(_config(SCALED["llama3"]), make_rope(SCALED["linear"])) is None
+    assert rope_from_rotary_embedding(_config(dynamic), make_rope(dynamic)) is None
+    assert rope_from_rotary_embedding(_config(SCALED["llama3"]), make_rope(SCALED["linear"])) is None
     other = make_rope({"rope_type": "linear", "factor": 3.0})
-    assert RopeSpec.from_rotary_embedding(_config(SCALED["linear"]), other) is not None  # the module decides
+    assert rope_from_rotary_embedding(_config(SCALED["linear"]), other) is not None  # the module decides
     emb = make_rope(SCALED["yarn"])
     emb.cos_sin_cache = emb.cos_sin_cache.clone()
     emb.cos_sin_cache[MAX_POS - 1] += 0.01
-    assert RopeSpec.from_rotary_embedding(_config(SCALED["yarn"]), emb) is None
-    assert RopeSpec.from_rotary_embedding(_config(SCALED["yarn"]), object()) is None
+    assert rope_from_rotary_embedding(_config(SCALED["yarn"]), emb) is None
+    assert rope_from_rotary_embedding(_config(SCALED["yarn"]), object()) is None
 
 
 def test_for_model_takes_the_models_one_embedding_or_refuses_two(
     make_rope: Callable[[dict[str, Any] | None], Any],
 ) -> None:
-    """for_model: one rotary embedding decides; two that disagree refuse; none falls back to the config."""
+    """rope_for_model: one rotary embedding decides; two that disagree refuse; none: the config decides."""
     lin, y = make_rope(SCALED["linear"]), make_rope(SCALED["yarn"])
     one = torch.nn.ModuleDict({"a": lin, "b": lin})
-    spec = RopeSpec.for_model(_config(SCALED["linear"]), one)
+    spec = rope_for_model(_config(SCALED["linear"]), one)
     assert spec is not None and spec.scaling == "linear"
-    assert RopeSpec.for_model(_config(SCALED["linear"]), torch.nn.ModuleDict({"a": lin, "b": y})) is None
-    plain = RopeSpec.for_model(_config(None), torch.nn.Linear(2, 2))
+    assert rope_for_model(_config(SCALED["linear"]), torch.nn.ModuleDict({"a": lin, "b": y})) is None
+    plain = rope_for_model(_config(None), torch.nn.Linear(2, 2))
     assert plain == RopeSpec(HEAD_DIM, HEAD_DIM, 10000.0, True)
-    assert RopeSpec.for_model(_config(SCALED["llama3"]), torch.nn.Linear(2, 2)) is None
+    assert rope_for_model(_config(SCALED["llama3"]), torch.nn.Linear(2, 2)) is None

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from engine_hooks.sglang.context import (
+from engine_hooks.core.context import (
     MAX_PREVIOUS_KEYS,
     ContextError,
     ContextKeys,
@@ -23,7 +23,7 @@ from engine_hooks.sglang.context import (
     make_context_token,
     parse_context_token,
 )
-from engine_hooks.sglang.tokens import verify_context
+from engine_hooks.core.tokens import verify_context
 
 VECTORS = Path(__file__).resolve().parents[2] / "docs" / "test-vectors" / "context-tokens.json"
 KEY, OLD = b"k" * 32, b"o" * 32

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from engine_hooks.sglang.context import RequestContext
-from engine_hooks.sglang.donors import DonorSpec
-from engine_hooks.sglang.settings import HookSettings
+from engine_hooks.core.context import RequestContext
+from engine_hooks.core.donors import DonorSpec
+from engine_hooks.core.settings import HookSettings
 from engine_hooks.sglang.tp import Choice, DonorOp, FollowerGovernor, RoundSync, TpLink
 
 TASK = {"id": "qa", "version": "1"}

@@ -41,7 +41,7 @@ DUMP_PREFIX = "kvdump-"
 
 def permissive_minhash(**kwargs: Any) -> Any:
     """MinHash proposing every same-scope donor (``min_similarity=0``), so deny paths run too."""
-    from engine_hooks.sglang.providers.minhash import MinHashProvider
+    from engine_hooks.core.providers.minhash import MinHashProvider
 
     return MinHashProvider(min_similarity=0.0, **kwargs)
 
@@ -128,11 +128,9 @@ def _install_donor_log(path: Path) -> None:
         mark(b"r")
         return result
 
+    HookRegistry.register("engine_hooks.core.governor.Governor.submit_donor", before_submit, HookType.BEFORE)
     HookRegistry.register(
-        "engine_hooks.sglang.governor.Governor.submit_donor", before_submit, HookType.BEFORE
-    )
-    HookRegistry.register(
-        "engine_hooks.sglang.donors.DonorRegistry.registration_done", after_registration, HookType.AFTER
+        "engine_hooks.core.donors.DonorRegistry.registration_done", after_registration, HookType.AFTER
     )
 
 

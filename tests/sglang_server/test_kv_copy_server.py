@@ -27,8 +27,9 @@ from typing import Any
 import pytest
 import torch
 
-from engine_hooks.sglang.kv_copy import rerotate_keys
-from engine_hooks.sglang.rope import RopeSpec
+from engine_hooks.core.rope import RopeSpec
+from engine_hooks.core.rotation import rerotate_keys
+from engine_hooks.sglang.rope import rope_from_rotary_embedding
 from tests.sglang_server.conftest import assert_healthy
 from tests.sglang_server.rig import Server, pair_prompts, read_audit, settle, summarize
 
@@ -73,7 +74,7 @@ def _rope(server: Server) -> RopeSpec:
         rope_scaling=scaling,
         dtype=torch.float32,
     )
-    spec = RopeSpec.from_rotary_embedding(LlamaConfig(**cfg), emb)
+    spec = rope_from_rotary_embedding(LlamaConfig(**cfg), emb)
     assert spec is not None and spec.scaling == scaling["rope_type"] and spec != plain
     return spec
 

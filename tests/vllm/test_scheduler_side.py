@@ -291,7 +291,7 @@ def test_a_store_of_zero_megabytes_saves_nothing(tmp_path: Path, monkeypatch: py
 
 def test_a_bad_store_size_stops_the_server_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     """SEMGOV_VLLM_STORE_MB that is not a whole number of MiB: HookConfigError naming it."""
-    from engine_hooks.sglang.settings import HookConfigError
+    from engine_hooks.core.settings import HookConfigError
     from engine_hooks.vllm.scheduler_side import _store_mb
 
     with pytest.raises(HookConfigError, match="SEMGOV_VLLM_STORE_MB"):

@@ -105,7 +105,7 @@ for dtype in (torch.bfloat16, torch.float32):
 print("LAYOUT-OK")
 
 from types import SimpleNamespace as N
-from engine_hooks.sglang.settings import HookConfigError
+from engine_hooks.core.settings import HookConfigError
 from engine_hooks.vllm.connector import _check_config
 for policy in ("fail", None):
     try:

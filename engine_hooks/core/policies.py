@@ -8,7 +8,7 @@
   the shadow policy into ``semgov.shadow_decision/v1`` records, audited and never acted on; the
   request is then offered to the live capture (``SEMGOV_CAPTURE_DIR``), sampled.
 - :meth:`HookPolicies.reload` reads the policies and the keyring again (on SIGHUP or a file change,
-  :mod:`engine_hooks.sglang.reload`). Each is built completely before it replaces the one in
+  :mod:`engine_hooks.core.reload`). Each is built completely before it replaces the one in
   force; one that fails to load leaves the old one deciding. Every outcome that changed something
   or failed is a :class:`ReloadOutcome`, audited as a ``policy_loaded`` / ``policy_load_failed``
   engine event.
@@ -33,11 +33,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
-from engine_hooks.sglang.context import RequestContext
-from engine_hooks.sglang.donors import DonorEntry, prompt_of
-from engine_hooks.sglang.metrics import HookMetrics
-from engine_hooks.sglang.reload import fingerprint
-from engine_hooks.sglang.settings import HookConfigError, HookSettings
+from engine_hooks.core.context import RequestContext
+from engine_hooks.core.donors import DonorEntry, prompt_of
+from engine_hooks.core.metrics import HookMetrics
+from engine_hooks.core.reload import fingerprint
+from engine_hooks.core.settings import HookConfigError, HookSettings
 from semgov.decide import Evaluator
 from semgov.errors import SemgovError
 from semgov.facts.pii import PiiScanner

@@ -1,7 +1,7 @@
 """What every candidate provider shares: the contract, input validation and per-scope row storage.
 
 - the contract the hook calls, ``CandidateProvider``, and ``Match``, one candidate it returns,
-  are public types in :mod:`semgov.typing` (see :mod:`engine_hooks.sglang.providers`);
+  are public types in :mod:`semgov.typing` (see :mod:`engine_hooks.core.providers`);
 - the ``_check_*`` helpers and :func:`_as_tokens` validate what a provider is called with;
 - :class:`_Store` keeps each scope's donors as rows of one 2-D array (a signature or an
   embedding per donor, :class:`_Scope`), evicting a scope's oldest at ``max_donors_per_scope``;

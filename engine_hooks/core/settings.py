@@ -66,7 +66,7 @@ class HookSettings:
     tests that step the cache by hand)."""
     decision_process: bool = True
     """With async decisions: register donors, search candidates, decide and sign engine events in a
-    child process (:mod:`engine_hooks.sglang.decider`), outside the scheduler's interpreter lock."""
+    child process (:mod:`engine_hooks.core.decider`), outside the scheduler's interpreter lock."""
     max_regions: int = 4
     """Approved runs realized past the front of a prompt (after fresh tokens), per request: each
     ends a prefill chunk where it starts and costs one more prefill round; 0 turns it off."""
@@ -96,7 +96,7 @@ class HookSettings:
     donors; past it a finished request is not a donor (the same on every rank)."""
     canary_rate: float = 0.0
     """Share of finished requests that received shifted KV and were decoded greedily that are replayed
-    cold on this server when it is idle and compared (:mod:`engine_hooks.sglang.canary`); 0: off."""
+    cold on this server when it is idle and compared (:mod:`engine_hooks.core.canary`); 0: off."""
     canary_tokens: int = 16
     """Output tokens a canary compares (the replay decodes exactly as many of the warm output)."""
     canary_budget: int = 0

@@ -21,8 +21,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from engine_hooks.sglang.metrics import HookMetrics
-from engine_hooks.sglang.settings import HookConfigError, HookSettings
+from engine_hooks.core.metrics import HookMetrics
+from engine_hooks.core.settings import HookConfigError, HookSettings
 from semgov.audit.keyring import AuditKeyring
 from semgov.audit.store import AuditLog, Ticket
 from semgov.decide import SignedDecision

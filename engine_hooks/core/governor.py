@@ -4,22 +4,22 @@
 (``captured request -> facts -> policy input -> decision -> signed record -> audit log``). It
 loads the hook's policy, keys and provider, builds the parts below, and is what the cache calls:
 
-- a request's context comes from a gateway-signed token (:mod:`engine_hooks.sglang.context`,
+- a request's context comes from a gateway-signed token (:mod:`engine_hooks.core.context`,
   verified with this deployment's one key set: :meth:`Governor.context_of`,
-  :mod:`engine_hooks.sglang.tokens`);
+  :mod:`engine_hooks.core.tokens`);
 - a finished request becomes a donor through :meth:`Governor.submit_donor`: its PII scan and the
   signing of its provenance run off the scheduler (in the decision process, or on the
   registration thread without it), and the scheduler sees the donor when it next calls
-  :meth:`Governor.drain_donors` (:mod:`engine_hooks.sglang.donors`);
+  :meth:`Governor.drain_donors` (:mod:`engine_hooks.core.donors`);
 - :meth:`Governor.decide_later` queues a recipient's candidate search and decision for the
-  decision thread and returns a :class:`~engine_hooks.sglang.decisions.PendingDecision` the
+  decision thread and returns a :class:`~engine_hooks.core.decisions.PendingDecision` the
   scheduler thread polls, never waits on; with the decision process
-  (:mod:`engine_hooks.sglang.decider`, the default) that thread only forwards jobs to it and a
-  reader thread audits the decisions it answers with (:mod:`engine_hooks.sglang.decisions`);
+  (:mod:`engine_hooks.core.decider`, the default) that thread only forwards jobs to it and a
+  reader thread audits the decisions it answers with (:mod:`engine_hooks.core.decisions`);
 - :meth:`Governor.event` only queues a plain engine event: it is built and signed off the
   scheduler thread, in order after the decisions queued before it, and every decision record and
   engine event is appended to the audit log, which only queues it
-  (:mod:`engine_hooks.sglang.events`).
+  (:mod:`engine_hooks.core.events`).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from engine_hooks.sglang.context import RequestContext
-from engine_hooks.sglang.decider import DecisionProcess
-from engine_hooks.sglang.decisions import (
+from engine_hooks.core.context import RequestContext
+from engine_hooks.core.decider import DecisionProcess
+from engine_hooks.core.decisions import (
     DecisionThread,
     LocalDecisions,
     PendingDecision,
@@ -39,7 +39,7 @@ from engine_hooks.sglang.decisions import (
     Reload,
     RemoteDecisions,
 )
-from engine_hooks.sglang.donors import (
+from engine_hooks.core.donors import (
     Clock,
     DonorBuilder,
     DonorRegistry,
@@ -47,13 +47,13 @@ from engine_hooks.sglang.donors import (
     LiveDonor,
     load_detokenizer,
 )
-from engine_hooks.sglang.events import AuditTrail, EventJob, open_audit_log
-from engine_hooks.sglang.metrics import BacklogSampler, hook_metrics
-from engine_hooks.sglang.policies import HookPolicies, ReloadOutcome, open_capture
-from engine_hooks.sglang.providers import load_provider
-from engine_hooks.sglang.reload import ReloadWatcher, install_sighup
-from engine_hooks.sglang.settings import HookConfigError, HookSettings
-from engine_hooks.sglang.tokens import Verdict, load_context_keys, verify_context
+from engine_hooks.core.events import AuditTrail, EventJob, open_audit_log
+from engine_hooks.core.metrics import BacklogSampler, hook_metrics
+from engine_hooks.core.policies import HookPolicies, ReloadOutcome, open_capture
+from engine_hooks.core.providers import load_provider
+from engine_hooks.core.reload import ReloadWatcher, install_sighup
+from engine_hooks.core.settings import HookConfigError, HookSettings
+from engine_hooks.core.tokens import Verdict, load_context_keys, verify_context
 from semgov.decide import Evaluator
 from semgov.log import describe_error, get_logger
 from semgov.policy.engine import PolicySource
@@ -215,7 +215,7 @@ class Governor:
         return self.verdict_of(extra_key, lora_id).context
 
     def verdict_of(self, token: object, lora_id: object = None, *, dedicated: bool = False) -> Verdict:
-        """:func:`~engine_hooks.sglang.tokens.verify_context` with this deployment's one key set."""
+        """:func:`~engine_hooks.core.tokens.verify_context` with this deployment's one key set."""
         return verify_context(self.context_keys, token, lora_id, dedicated=dedicated)
 
     # ---- donors ----------------------------------------------------------------------------

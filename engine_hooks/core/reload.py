@@ -7,9 +7,9 @@ thread (``semgov-reload``). Their fingerprint is the content hash of every file 
 ``request`` only once a new fingerprint is *stable*: the same at two consecutive polls, so a copy
 still being written (its hash changes from one poll to the next) is never asked for.
 :func:`install_sighup` makes ``SIGHUP`` ask too. ``request`` only queues a reload job for the
-decision thread (:meth:`engine_hooks.sglang.governor.Governor.request_reload`), which runs it
+decision thread (:meth:`engine_hooks.core.governor.Governor.request_reload`), which runs it
 between two decisions: the scheduler thread never loads a policy. The reload itself
-(:meth:`engine_hooks.sglang.policies.HookPolicies.reload`) reads the fingerprint again before and
+(:meth:`engine_hooks.core.policies.HookPolicies.reload`) reads the fingerprint again before and
 after loading and installs nothing that changed while it was read.
 
 NOTE: stability is a heuristic (a writer may pause longer than a poll): what makes a partly

@@ -1,6 +1,6 @@
 """Decisions: candidate search and policy evaluation for one recipient, off the scheduler thread.
 
-- :class:`~engine_hooks.sglang.policies.HookPolicies` decides (in either process): the live
+- :class:`~engine_hooks.core.policies.HookPolicies` decides (in either process): the live
   policy's signed decisions, then the shadow policy's records and the capture; a :class:`Reload`
   job reloads the policies between two decisions.
 - :class:`DecisionThread` is the decision thread (``semgov-decide``): the scheduler thread queues
@@ -9,7 +9,7 @@
 - :class:`LocalDecisions` runs those jobs in this process: the provider's queries and changes,
   the decisions (each audited), the events' signing.
 - :class:`RemoteDecisions` forwards them to the decision process
-  (:mod:`engine_hooks.sglang.decider`, the default) without waiting for its answers, which its
+  (:mod:`engine_hooks.core.decider`, the default) without waiting for its answers, which its
   reader thread takes (:meth:`RemoteDecisions.on_message`) and audits.
 
 NOTE: invariants:
@@ -31,9 +31,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engine_hooks.sglang.context import RequestContext
-from engine_hooks.sglang.decider import DecisionProcess
-from engine_hooks.sglang.donors import (
+from engine_hooks.core.context import RequestContext
+from engine_hooks.core.decider import DecisionProcess
+from engine_hooks.core.donors import (
     Clock,
     DonorEntry,
     DonorRegistry,
@@ -41,9 +41,9 @@ from engine_hooks.sglang.donors import (
     LiveDonor,
     ProviderOp,
 )
-from engine_hooks.sglang.events import AuditTrail, EventJob
-from engine_hooks.sglang.policies import HookPolicies, LiveDecided, ReloadOutcome
-from engine_hooks.sglang.settings import HookSettings
+from engine_hooks.core.events import AuditTrail, EventJob
+from engine_hooks.core.policies import HookPolicies, LiveDecided, ReloadOutcome
+from engine_hooks.core.settings import HookSettings
 from semgov.decide import SignedDecision
 from semgov.log import bound, describe_error, get_logger
 from semgov.typing import CandidateProvider

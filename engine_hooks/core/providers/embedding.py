@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from engine_hooks.sglang.providers.base import (
+from engine_hooks.core.providers.base import (
     _as_tokens,
     _check_count,
     _check_id,

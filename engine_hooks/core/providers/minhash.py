@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 
-from engine_hooks.sglang.providers.base import (
+from engine_hooks.core.providers.base import (
     _as_tokens,
     _check_count,
     _check_id,

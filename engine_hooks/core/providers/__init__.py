@@ -10,7 +10,7 @@ finished requests (donors) and, for a waiting request whose exact-prefix match i
 leaves many tokens unmatched, returns the donors most similar to it. Every candidate it returns
 then goes through semgov's gates; a provider only proposes.
 
-Contract (:class:`~engine_hooks.sglang.providers.base.CandidateProvider`):
+Contract (:class:`~engine_hooks.core.providers.base.CandidateProvider`):
 
 * ``add(donor_id, scope, token_ids, text)`` indexes a finished request; re-adding an id replaces
   its entry. ``remove(donor_id)`` forgets one (an unknown id is a no-op). ``len(provider)`` is the
@@ -52,8 +52,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, cast
 
-from engine_hooks.sglang.providers.embedding import EmbeddingProvider
-from engine_hooks.sglang.providers.minhash import MinHashProvider
+from engine_hooks.core.providers.embedding import EmbeddingProvider
+from engine_hooks.core.providers.minhash import MinHashProvider
 from semgov.typing import CandidateProvider
 
 __all__ = ["load_provider"]

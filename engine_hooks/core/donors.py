@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from engine_hooks.sglang.context import RequestContext
-from engine_hooks.sglang.decider import candidate_entries
-from engine_hooks.sglang.settings import HookConfigError
+from engine_hooks.core.candidates import candidate_entries
+from engine_hooks.core.context import RequestContext
+from engine_hooks.core.settings import HookConfigError
 from semgov.decide import Evaluator
 from semgov.facts.compute import prompt_from_tokens
 from semgov.log import describe_error, get_logger
@@ -188,7 +188,7 @@ def build_donor_entry(
 
 
 class LivePolicy(Protocol):
-    """The live policy in force (:class:`engine_hooks.sglang.policies.LoadedPolicy`)."""
+    """The live policy in force (:class:`engine_hooks.core.policies.LoadedPolicy`)."""
 
     @property
     def evaluator(self) -> Evaluator: ...
@@ -403,7 +403,7 @@ class DonorRegistry:
 
     def entries(self, scope: str, matches: Sequence[Any]) -> list[tuple[LiveDonor, float]]:
         """The provider's matches that are registered donors of exactly ``scope``, in order (read
-        from the provider's thread: see :meth:`~engine_hooks.sglang.decisions.LocalDecisions.candidates`)."""
+        from the provider's thread: see :meth:`~engine_hooks.core.decisions.LocalDecisions.candidates`)."""
         return candidate_entries(self._donors, scope, matches)
 
 

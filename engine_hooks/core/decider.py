@@ -7,9 +7,9 @@ and every donor's PII scan and provenance signing stalled the scheduler's own Py
 With ``SEMGOV_DECISION_PROCESS=1`` (the default) the scheduler process keeps only what must be
 there: the tree, the audit log (one writer) and a small table of live donors (id, scope, tree key,
 tokens). Its decision thread forwards every job, in the order the scheduler thread queued it, to a
-child process (``python -m engine_hooks.sglang.decider``) and never waits for an answer; a reader
+child process (``python -m engine_hooks.core.decider``) and never waits for an answer; a reader
 thread takes the answers and hands them to
-:class:`~engine_hooks.sglang.decisions.RemoteDecisions`.
+:class:`~engine_hooks.core.decisions.RemoteDecisions`.
 
 The child (:class:`_Child`) holds the candidate provider, the donors' prompts and provenance and
 the evaluator, built from the hook's settings (sent first; it reads the same policy, keyring and
@@ -39,7 +39,7 @@ NOTE: invariants:
   becomes visible to the scheduler only once the child has it.
 - Any failure of the child (it died, answered junk, could not start) is final for the process:
   no more decisions (requests run cold), loudly logged once; what it still owed is finished by
-  the parent (:meth:`~engine_hooks.sglang.decisions.RemoteDecisions.failed`); the hook never
+  the parent (:meth:`~engine_hooks.core.decisions.RemoteDecisions.failed`); the hook never
   waits for a dead child.
 """
 
@@ -52,12 +52,13 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import IO, Any
 
-from engine_hooks.sglang.context import RequestContext
-from engine_hooks.sglang.settings import HookConfigError, HookSettings
+from engine_hooks.core.candidates import candidate_entries
+from engine_hooks.core.context import RequestContext
+from engine_hooks.core.settings import HookConfigError, HookSettings
 from semgov.log import bound, describe_error
 
 _LEN = struct.Struct(">I")
@@ -99,7 +100,7 @@ class DecisionProcess:
         self._lock = threading.Lock()  # NOTE: serializes writers (the decision thread; close())
         self._on_message, self._on_broken = on_message, on_broken
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engine_hooks.sglang.decider"],
+            [sys.executable, "-m", "engine_hooks.core.decider"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
@@ -170,17 +171,6 @@ class DecisionProcess:
         self._reader.join(timeout)
 
 
-def candidate_entries(donors: dict[str, Any], scope: str, matches: Sequence[Any]) -> list[tuple[Any, float]]:
-    """The provider's matches that are registered donors of exactly this scope, in order."""
-    out = []
-    for m in matches:
-        entry = donors.get(m.donor_id)
-        # NOTE: scope is checked here too: isolation never rests on the provider alone.
-        if entry is not None and entry.scope == scope:
-            out.append((entry, m.similarity))
-    return out
-
-
 def _request_fields(msg: tuple[Any, ...]) -> dict[str, Any]:
     """Log fields of a ``decide`` message: the request's id, tenant and namespace (never raises)."""
     try:
@@ -200,10 +190,10 @@ class _Child:
     def __init__(
         self, out: IO[bytes], settings: HookSettings, tokenizer_path: str | None, engine: str
     ) -> None:
-        from engine_hooks.sglang.donors import load_detokenizer
-        from engine_hooks.sglang.metrics import hook_metrics
-        from engine_hooks.sglang.policies import HookPolicies, open_capture
-        from engine_hooks.sglang.providers import load_provider
+        from engine_hooks.core.donors import load_detokenizer
+        from engine_hooks.core.metrics import hook_metrics
+        from engine_hooks.core.policies import HookPolicies, open_capture
+        from engine_hooks.core.providers import load_provider
         from semgov.signing.keys import load_signing_key
 
         self.out = out
@@ -256,7 +246,7 @@ class _Child:
                     self.send(("pong", msg[1]))
 
     def handle(self, msg: tuple[Any, ...]) -> None:
-        from engine_hooks.sglang.events import sign_event_job
+        from engine_hooks.core.events import sign_event_job
 
         kind = msg[0]
         if kind == "register":
@@ -298,7 +288,7 @@ class _Child:
                 self.send(("shadow", shadow))
 
     def _register_loop(self) -> None:
-        from engine_hooks.sglang.donors import build_donor_entry
+        from engine_hooks.core.donors import build_donor_entry
 
         while (job := self._todo.get()) is not None:
             spec, scope = job
@@ -354,7 +344,7 @@ def main() -> int:
         return 0  # the scheduler process went away
 
 
-__all__ = ["DecisionProcess", "RequestContext", "candidate_entries", "main"]
+__all__ = ["DecisionProcess", "RequestContext", "main"]
 
 if __name__ == "__main__":
     raise SystemExit(main())
