@@ -1,10 +1,13 @@
-"""The import contract: the core imports no adapter, adapters use only the public API, no cycles."""
+"""The import contract: the core imports no adapter, adapters use only the public API, no cycles;
+the engine adapters build on the governed-serving core (engine_hooks/core) and never on each other."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 ADAPTERS = ("engine_hooks", "semgov.cli")
@@ -64,17 +67,8 @@ def test_adapters_import_only_the_public_api() -> None:
     assert bad == []
 
 
-def test_semgov_modules_import_each_other_without_cycles() -> None:
-    """The semgov import graph, lazy imports in function bodies included, has no cycle."""
-    files = _files("semgov")
-    known = {_module(p) for p in files}
-    graph: dict[str, set[str]] = {}
-    for p in files:
-        me = _module(p)
-        deps = {_resolve(m, n, known) for _, m, n in _imports(p) if m.startswith("semgov")}
-        graph[me] = {d for d in deps if d in known and d != me and not me.startswith(d + ".")}
-    # NOTE: a package's __init__ importing its own submodules is no cycle worth reporting; a module
-    # importing its package (``from semgov import x``) is, when that package imports it back.
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle a depth-first walk of ``graph`` meets (each as the path that closes it)."""
     cycles: list[list[str]] = []
     state: dict[str, int] = {}
     stack: list[str] = []
@@ -93,4 +87,56 @@ def test_semgov_modules_import_each_other_without_cycles() -> None:
     for m in sorted(graph):
         if m not in state:
             visit(m)
-    assert cycles == []
+    return cycles
+
+
+def test_modules_import_each_other_without_cycles() -> None:
+    """The semgov and engine_hooks import graph, lazy imports in function bodies included, has no cycle."""
+    files = _files("semgov", "engine_hooks")
+    known = {_module(p) for p in files}
+    graph: dict[str, set[str]] = {}
+    for p in files:
+        me = _module(p)
+        deps = {_resolve(m, n, known) for _, m, n in _imports(p) if m.startswith(("semgov", "engine_hooks"))}
+        graph[me] = {d for d in deps if d in known and d != me and not me.startswith(d + ".")}
+    # NOTE: a package's __init__ importing its own submodules is no cycle worth reporting; a module
+    # importing its package (``from semgov import x``) is, when that package imports it back.
+    assert _cycles(graph) == []
+
+
+# The governed-serving core may use torch only for the RoPE rotation math and the embedding
+# provider's model; never an engine.
+_CORE_TORCH = ("engine_hooks.core.rotation", "engine_hooks.core.providers.embedding")
+
+
+def test_serving_core_imports_no_engine() -> None:
+    """engine_hooks/core imports neither sglang nor vllm nor an engine adapter (function bodies
+    included), and torch only where its math needs it."""
+    bad = []
+    for p in _files("engine_hooks/core"):
+        for line, mod, _ in _imports(p):
+            top = mod.split(".")[0]
+            adapter = mod.startswith(("engine_hooks.sglang", "engine_hooks.vllm", "engine_hooks.reference"))
+            torch = top == "torch" and _module(p) not in _CORE_TORCH
+            if top in ("sglang", "vllm") or adapter or torch:
+                bad.append(f"{p.relative_to(ROOT)}:{line}: {mod}")
+    assert bad == []
+
+
+def _import_graph_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" / "import_graph.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_engine_adapters_never_import_each_other() -> None:
+    """engine_hooks/sglang and engine_hooks/vllm share only the core: the script anyone can run
+    (scripts/import_graph.py) finds no import from one into the other, and the core imports no folder."""
+    script = _import_graph_script()
+    edges = script.folder_edges()
+    assert {"core", "sglang", "vllm"} <= set(edges)
+    assert script.adapter_crossings(edges) == []
+    assert edges["core"] == {}
+    assert script.main([]) == 0
