@@ -86,25 +86,7 @@ def register(sub: Any) -> None:
         metavar="DIR",
         help="policy directory: policy.yaml (YAML engine) or *.rego modules (Rego, package semgov.reuse)",
     )
-    p.add_argument(
-        "--engine",
-        choices=ENGINES,
-        default="auto",
-        help="policy engine (default auto: yaml for policy.yaml, regorus for .rego)",
-    )
-    p.add_argument(
-        "--opa-url",
-        metavar="URL",
-        help="evaluate the Rego policy on an OPA server, e.g. http://127.0.0.1:8181 (errors deny)",
-    )
-    p.add_argument(
-        "--opa-timeout", type=float, default=2.0, metavar="S", help="OPA server timeout (default 2 s)"
-    )
-    p.add_argument(
-        "--opa-no-upload",
-        action="store_true",
-        help="use the policy the OPA server already holds instead of uploading --policy",
-    )
+    _engine_flags(p)
     p.add_argument(
         "--trust",
         required=True,
@@ -232,6 +214,29 @@ def _summary(t: _Tally, args: argparse.Namespace, ev: Evaluator, out: IO[str]) -
 def _engine(policy: PolicySource, args: argparse.Namespace) -> PolicyEngine:
     opa = None if args.opa_url is None else OpaServer(args.opa_url, args.opa_timeout, not args.opa_no_upload)
     return make_engine(policy, args.engine, opa=opa)
+
+
+def _engine_flags(p: argparse.ArgumentParser) -> None:
+    """Which engine decides: ``--engine`` and the OPA server flags."""
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="auto",
+        help="policy engine (default auto: yaml for policy.yaml, regorus for .rego)",
+    )
+    p.add_argument(
+        "--opa-url",
+        metavar="URL",
+        help="evaluate the Rego policy on an OPA server, e.g. http://127.0.0.1:8181 (errors deny)",
+    )
+    p.add_argument(
+        "--opa-timeout", type=float, default=2.0, metavar="S", help="OPA server timeout (default 2 s)"
+    )
+    p.add_argument(
+        "--opa-no-upload",
+        action="store_true",
+        help="use the policy the OPA server already holds instead of uploading --policy",
+    )
 
 
 def _audit_flags(p: argparse.ArgumentParser) -> None:
