@@ -248,7 +248,7 @@ def test_not_an_event(keys: Keys) -> None:
     known = (
         "semgov.decision/v1, semgov.decision/v2, semgov.decision/v3, semgov.shadow_decision/v1, "
         "semgov.engine_event/v1, "
-        "semgov.engine_event/v2"
+        "semgov.engine_event/v2, semgov.audit_recovery/v1"
     )
     expect = f"not a {known} record"
     assert record_problem(other, keys.decision.public_key, keys.decision.key_id) == expect
