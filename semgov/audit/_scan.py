@@ -25,7 +25,14 @@ from semgov.audit.merkle import leaf_hash
 from semgov.audit.note import NoteError, open_note, unverified_checkpoint
 from semgov.audit.recovery_record import RECOVERY_SCHEMA
 from semgov.signing.canonical import canonicalize_record
-from semgov.wire.models import DECISION_SCHEMAS, ENGINE_EVENT_SCHEMAS, SHADOW_DECISION_SCHEMA
+from semgov.wire.models import (
+    DECISION_SCHEMAS,
+    ENGINE_EVENT_SCHEMAS,
+    SHADOW_DECISION_SCHEMA,
+    DecisionRecord,
+    EngineEvent,
+    ShadowDecisionRecord,
+)
 
 _SIGNED = {
     **dict.fromkeys(DECISION_SCHEMAS, "decision"),
@@ -33,6 +40,20 @@ _SIGNED = {
     **dict.fromkeys(ENGINE_EVENT_SCHEMAS, "engine event"),
     RECOVERY_SCHEMA: "recovery record",
 }  # schema -> what
+
+
+def _required(model: Any) -> frozenset[str]:
+    return frozenset(f.alias or name for name, f in model.model_fields.items() if f.is_required())
+
+
+# NOTE: the members every record of a schema must have (its model's required fields): a record
+# signed without one of them is refused here too, not only by the strict readers (a set
+# difference per record, cheap on audit verify's hot path).
+_REQUIRED = {
+    **dict.fromkeys(DECISION_SCHEMAS, _required(DecisionRecord)),
+    SHADOW_DECISION_SCHEMA: _required(ShadowDecisionRecord),
+    **dict.fromkeys(ENGINE_EVENT_SCHEMAS, _required(EngineEvent)),
+}
 # NOTE: the id field, not the schema, keys uniqueness: a v1 and a v2 decision with one id repeat
 # it, and so do a live and a shadow decision (the shadow evaluator draws its own decision ids).
 _ID_FIELD = {
@@ -99,6 +120,9 @@ def inspect_record(
         return f"not a {', '.join(_SIGNED)} record", None, None
     rid = record_id(rec)
     idh = id_hash(schema, rid[1]) if rid is not None else None
+    missing = _REQUIRED.get(schema, frozenset()) - rec.keys()
+    if missing:
+        return f"{what} lacks {', '.join(sorted(missing)[:3])}", None, idh
     sig = rec.get("signature")
     if not isinstance(sig, str):
         return "record has no signature", None, idh

@@ -289,3 +289,15 @@ def test_v1_realizations_still_verify_as_v1(keys: Keys) -> None:
     v1 = {k: v for k, v in _event().items()} | {"schema": "semgov.engine_event/v1"}
     signed = sign_engine_event(v1, keys.decision)
     assert verify_engine_event(signed.record, keys.decision.public_key).schema_ == "semgov.engine_event/v1"
+
+
+@pytest.mark.parametrize("member", ["detail", "request_id", "spans"])
+def test_a_signed_record_lacking_a_required_member_is_refused(keys: Keys, member: str) -> None:
+    """The audit verifier refuses a correctly signed record that lacks a member its schema requires
+    (the signer cannot make a malformed record pass; found by the hostile campaign's records target)."""
+    from semgov.signing.records import sign_record_canonical
+
+    unsigned = {k: v for k, v in _signed(keys).record.items() if k not in ("key_id", "signature", member)}
+    _, line = sign_record_canonical(unsigned, keys.decision)
+    why = record_problem(line, keys.decision.public_key, keys.decision.key_id)
+    assert why is not None and member in why, why
