@@ -146,18 +146,22 @@ def json_depth_within(body: bytes, limit: int) -> bool:
     return True
 
 
-def _mentions_salt(doc: Any) -> bool:
-    """Whether any object key anywhere in ``doc`` is ``cache_salt`` (iterative; depth already bounded)."""
-    stack = [doc]
+def _shape(doc: Any) -> tuple[int, bool]:
+    """``(nesting depth, whether an object below the top one has a cache_salt key)`` of a parsed
+    body, in one iterative walk (no recursion, whatever encoding the text was in)."""
+    deepest, nested_salt = 0, False
+    stack: list[tuple[Any, int]] = [(doc, 1)]
     while stack:
-        v = stack.pop()
+        v, depth = stack.pop()
         if isinstance(v, dict):
-            if "cache_salt" in v:
-                return True
-            stack.extend(v.values())
+            nested_salt = nested_salt or (depth > 1 and "cache_salt" in v)
+            stack.extend((x, depth + 1) for x in v.values())
         elif isinstance(v, list):
-            stack.extend(v)
-    return False
+            stack.extend((x, depth + 1) for x in v)
+        else:
+            continue
+        deepest = max(deepest, depth)
+    return deepest, nested_salt
 
 
 def _raw_mentions_salt(body: bytes) -> bool:
@@ -177,7 +181,6 @@ def scope_body(keys: ContextKeys, body: bytes) -> tuple[bytes, Scoped | None]:
         raise Refused(400, f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         doc = json.loads(body)
-        text = json.dumps(doc).encode()  # NOTE: what vLLM is given (any encoding json reads, re-spelled)
     except RecursionError:
         raise Refused(400, f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
     except ValueError:
@@ -187,13 +190,14 @@ def scope_body(keys: ContextKeys, body: bytes) -> tuple[bytes, Scoped | None]:
                 "cache_salt in a body semgov cannot parse as JSON: refused (cannot scope it)",
             ) from None
         return body, None
-    if not json_depth_within(text, MAX_JSON_DEPTH):
+    depth, nested_salt = _shape(doc)  # NOTE: also bounds text json read in another encoding (UTF-16)
+    if depth > MAX_JSON_DEPTH:
         raise Refused(400, f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     if not isinstance(doc, dict):
-        if _mentions_salt(doc):
+        if nested_salt:
             raise Refused(400, "cache_salt in a JSON body that is not an object: refused (cannot scope it)")
         return body, None
-    if any(_mentions_salt(v) for v in doc.values()):
+    if nested_salt:
         raise Refused(400, "cache_salt is accepted only at the top level of the request body")
     scoped = scoped_salt(keys, doc)
     doc["cache_salt"] = scoped.salt
