@@ -413,6 +413,7 @@ def hook_files(directory: Path) -> Any:
     (the default's gates, no recompute planned: the in-tenant reference reuse is a front copy)."""
     hc = _harness_module()
     from semgov.signing.keys import generate_keypair, key_id_for, load_public_key
+    from tests.core.files import copy_policy
 
     priv, pub = generate_keypair(directory / "keys")
     trust = directory / "keyring.json"
@@ -422,7 +423,7 @@ def hook_files(directory: Path) -> Any:
     secret = b"gateway-secret-for-side-channel-0123456789"
     ck = directory / "context.key"
     ck.write_bytes(secret)
-    return hc.HookFiles(directory, priv, trust, ck, secret, directory / "audit", hc.copy_policy(directory))
+    return hc.HookFiles(directory, priv, trust, ck, secret, directory / "audit", copy_policy(directory))
 
 
 @dataclass(frozen=True)

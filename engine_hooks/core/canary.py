@@ -41,6 +41,9 @@ NOTE: :class:`CanaryBook` is pure bookkeeping (no I/O, no threads): it queues wh
 drains (``take_events``), as vLLM's block pool queues KV events.
 """
 
+# NOTE: long module: one mechanism: the per-scope canary state machine, its sampling and
+# replay queue and the comparison, which change together.
+
 from __future__ import annotations
 
 import collections

@@ -20,6 +20,9 @@ whether the answer states the required value the question asks for. A cold/cold 
 measured in the same run. Outputs: ``results.json``, ``report.md`` and PNG plots in ``out``.
 """
 
+# NOTE: long module: one benchmark harness (the arms, their timing, the statistics and the
+# report) whose parts share the run's types; none of it runs in a server.
+
 from __future__ import annotations
 
 import gc

@@ -17,6 +17,9 @@ differences that a model benchmark needs:
 The expected decision of a pair follows from how it was built, not from running semgov.
 """
 
+# NOTE: long module: mostly data: the tasks' templates, the entity and evidence
+# generators and the prompt builder of one benchmark workload.
+
 from __future__ import annotations
 
 import random

@@ -19,6 +19,9 @@ fewer records than the last signed checkpoint, or whose prefix no longer hashes 
 checkpoint's root; a latest checkpoint not signed by a trusted key.
 """
 
+# NOTE: long module: one procedure (find the trusted anchor, quarantine or refuse what follows),
+# read top to bottom; its steps are small functions that share the walk's types.
+
 from __future__ import annotations
 
 import collections

@@ -21,6 +21,9 @@ checkpoint it is proved against (:func:`proof_bundle`; made from a log directory
 to the log.
 """
 
+# NOTE: long module: the whole-log checks are one class (LogChecks) over one parsed log, and a
+# verdict's rules read best side by side; the proof-bundle functions at the end share its helpers.
+
 from __future__ import annotations
 
 import json

@@ -432,7 +432,7 @@ def test_the_policys_plan_turns_a_shifted_front_run_into_a_region(
     make_harness: Any, hook_files: Any, tmp_path: Path
 ) -> None:
     """A signed plan with a head (20%, at least 16): E's first 80 computed, the rest a region."""
-    from tests.sglang_hook.conftest import copy_policy
+    from tests.core.files import copy_policy
 
     (tmp_path / "head").mkdir()
     hook_files.policy = copy_policy(
@@ -446,7 +446,7 @@ def test_a_planned_tail_shortens_the_front_run_and_costs_no_round(
 ) -> None:
     """A plan with a tail and no head (the last 128 tokens computed: what a vLLM deployment plans):
     the front run is E less its tail, loaded at admission: no region, no extra prefill round."""
-    from tests.sglang_hook.conftest import copy_policy
+    from tests.core.files import copy_policy
 
     quality = (
         "quality: {allow_shifted: true, shifted_recompute_percent: 0, min_recompute_tokens: 0, "

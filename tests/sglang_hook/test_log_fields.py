@@ -18,7 +18,7 @@ from engine_hooks.core.decider import _request_fields
 from engine_hooks.sglang.cache import _State, log_fields
 from semgov import log
 from semgov.typing import SignedDecision
-from tests.sglang_hook.conftest import CONTRACT, TASK, HookFiles
+from tests.core.files import CONTRACT, TASK, HookFiles
 from tests.sglang_hook.scenario import LEAKY_SECRET
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ from engine_hooks.core.donors import DonorSpec
 from engine_hooks.core.governor import Governor
 from engine_hooks.core.policies import HookPolicies
 from engine_hooks.core.settings import HookSettings
-from tests.sglang_hook.conftest import CONTRACT, TASK
+from tests.core.files import CONTRACT, TASK
 
 SEGS = (("system", 0, 200), ("evidence", 200, 600), ("question", 600, 650))
 ctx = RequestContext("acme", "ns1", dict(TASK), dict(CONTRACT), SEGS, None)

@@ -12,7 +12,7 @@ from engine_hooks.core.settings import HookSettings
 from semgov.policy.source import load_policy_source
 from semgov.signing.keys import generate_keypair, key_id_for, load_public_key, load_signing_key
 from tests.conftest import ROOT
-from tests.sglang_hook.conftest import HookFiles
+from tests.core.files import HookFiles
 
 REGO_DEFAULT = ROOT / "policies" / "rego" / "default"
 

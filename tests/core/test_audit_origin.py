@@ -13,7 +13,7 @@ import pytest
 from engine_hooks.core.events import open_audit_log
 from engine_hooks.core.settings import HookConfigError, HookSettings
 from semgov.signing.keys import load_signing_key
-from tests.sglang_hook.conftest import HookFiles
+from tests.core.files import HookFiles
 
 
 def _origin(files: HookFiles, audit_dir: Path, **env: str) -> str:

@@ -18,7 +18,7 @@ from engine_hooks.core.settings import HookConfigError, HookSettings
 from semgov.audit.keyring import AuditKeyring
 from semgov.audit.verify_dir import verify_log
 from semgov.signing.keys import generate_keypair, key_id_for, load_public_key
-from tests.sglang_hook.conftest import AUDIENCE, CONTRACT, TASK, HookFiles
+from tests.core.files import AUDIENCE, CONTRACT, TASK, HookFiles
 
 ENGINE = "sglang 0.5.23"
 

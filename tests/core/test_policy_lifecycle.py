@@ -26,7 +26,7 @@ from engine_hooks.core.governor import Governor
 from engine_hooks.core.settings import HookConfigError, HookSettings
 from semgov.audit.reader import iter_records
 from semgov.intake.capture import read_captured
-from tests.sglang_hook.conftest import CONTRACT, TASK, HookFiles
+from tests.core.files import CONTRACT, TASK, HookFiles
 
 ENGINE = "sglang 0.5.23"
 SEGS = (("system", 0, 200), ("evidence", 200, 600), ("question", 600, 650))

@@ -6,7 +6,7 @@ import pytest
 
 from engine_hooks.core.policies import open_capture
 from engine_hooks.core.settings import HookConfigError, HookSettings
-from tests.sglang_hook.conftest import HookFiles
+from tests.core.files import HookFiles
 
 
 def test_a_capture_directory_without_a_rate_is_refused(hook_files: HookFiles) -> None:

@@ -21,8 +21,8 @@ import yaml
 
 from engine_hooks.core.governor import Governor
 from engine_hooks.core.metrics import BacklogSampler, HookMetrics, failure_reason, metric_names
-from tests.sglang_hook.conftest import HookFiles
-from tests.sglang_hook.test_policy_lifecycle import decide, donate, governor, stricter, write_policy
+from tests.core.files import HookFiles
+from tests.core.test_policy_lifecycle import decide, donate, governor, stricter, write_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "docs" / "monitoring"
