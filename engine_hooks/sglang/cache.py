@@ -89,7 +89,7 @@ from engine_hooks.sglang.rounds import Rounds
 from engine_hooks.sglang.state import Hook, RealizationError, ReqState, state_of
 from engine_hooks.sglang.tp import FollowerGovernor, PendingDonors, TpLink
 
-__all__ = ["GovernedRadixCache", "RealizationError"]
+__all__ = ["GovernedRadixCache"]
 
 
 class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
