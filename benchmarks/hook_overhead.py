@@ -80,7 +80,7 @@ def run(n: int, evidence: int, process: bool = False) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {k: [] for k in stages}
     from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
 
-    from engine_hooks.sglang.cache import state_of
+    from engine_hooks.sglang.state import state_of
 
     try:
         for i in range(n):
@@ -150,7 +150,7 @@ def run_rounds(
 
     torch.set_num_threads(1)
     import tests.sglang_hook.conftest as hc
-    from engine_hooks.sglang.cache import state_of
+    from engine_hooks.sglang.state import state_of
     from tests.sglang_hook.scenario import blocks
 
     tmp = Path(tempfile.mkdtemp(prefix="semgov-hook-bench-"))
@@ -203,7 +203,7 @@ def floor(evidence: int) -> list[tuple[str, float, int]]:
 
     torch.set_num_threads(1)
     import tests.sglang_hook.conftest as hc
-    from engine_hooks.sglang.cache import _int64, state_of
+    from engine_hooks.sglang.state import int64, state_of
     from tests.sglang_hook.scenario import blocks
 
     tmp = Path(tempfile.mkdtemp(prefix="semgov-hook-bench-"))
@@ -221,28 +221,32 @@ def floor(evidence: int) -> list[tuple[str, float, int]]:
         st = state_of(r)
         assert st is not None and st.donor is not None and st.chosen is not None, "no allowed donor"
         token = h.context(segments=rlay.segments)
-        d_len, node = tree._donor_path(st.donor)
+        d_len, node = tree.donor_path(st.donor)
         root = tree.root_node_handle(st.donor.cache_key)
         pieces = __import__("engine_hooks.core.plan", fromlist=["plan_pieces"]).plan_pieces(
-            tree._spans(st.chosen, st), st.m0, st.limit0, d_len, tree.page_size
+            st.spans, st.m0, st.limit0, d_len, tree.page_size
         )
         k = sum(p.length for p in pieces)
-        rt, dt = _int64(r.origin_input_ids), _int64(st.donor.token_ids)
+        rt, dt = int64(r.origin_input_ids), int64(st.donor.token_ids)
 
         def alloc_free() -> None:
-            tree.token_to_kv_pool_allocator.free(tree._alloc(k))
+            tree.token_to_kv_pool_allocator.free(tree.alloc(k))
 
         def event() -> None:
             # NOTE: as on an accelerator's pool: slot ids are listed only for a host pool (see
-            # GovernedRadixCache._realized), where listing 3,000 of them costs tens of µs more.
+            # Realizer.realized), where listing 3,000 of them costs tens of µs more.
             spans = [p.as_span() for p in pieces]
             tree.gov.event("realization", request_id="x", decision_id="y", donor_id="z", spans=spans)
 
         ops: list[tuple[str, Any, int]] = [
             ("context token: verify, derive the tree key", lambda: tree.gov.context_of(token, None), 1),
             ("has donors of its scope (scope key)", lambda: tree.gov.has_donors(st.context, None), 1),
-            ("donor liveness: SGLang's match of the donor", lambda: tree._donor_path(st.donor), 2),
-            ("plan the reusable run", lambda: tree._spans(st.chosen, st), 2),
+            ("donor liveness: SGLang's match of the donor", lambda: tree.donor_path(st.donor), 2),
+            (
+                "plan the reusable run",
+                lambda: tree.decisions.copyable(st.chosen, tree.decisions.shifted_ok(st)),
+                1,
+            ),
             ("hold-back poll of a waiting request", lambda: tree.hold_back([r]), 5),
             ("pin and unpin the donor", lambda: tree.unlock(tree.lock(node)), 1),
             ("token check", lambda: np.array_equal(rt[: len(dt)], dt[: len(rt)]), 1),

@@ -455,7 +455,7 @@ def _attach(h: Any, replay: Any, events: list[CanaryEvent], **kw: Any) -> Canari
         state_path=None,
         clock=lambda: "2026-12-02T00:00:00Z",
     )
-    h.tree.canaries = can
+    h.tree.hook.canaries = can
     return can
 
 
@@ -486,7 +486,7 @@ def test_a_realized_shifted_recipient_is_replayed_and_a_regression_turns_its_sco
     """A greedy recipient that got shifted KV is replayed with a canary marker; a differing replay turns
     shifted reuse off for its task and contract: the next recipient there gets no shifted KV, while
     another task's recipient still does; both outcomes are in the audit log as signed events."""
-    from engine_hooks.sglang.cache import state_of
+    from engine_hooks.sglang.state import state_of
 
     h = make_harness()
     events: list[CanaryEvent] = []
@@ -534,7 +534,7 @@ def test_a_realized_shifted_recipient_is_replayed_and_a_regression_turns_its_sco
 def test_a_canary_replay_gets_a_key_of_its_own_no_reuse_and_never_becomes_a_donor(make_harness: Any) -> None:
     """The hook's marker gives a request an isolated tree key, no decision, no tree insert, no donor; the
     same text minted by another process is an ordinary anonymous request."""
-    from engine_hooks.sglang.cache import state_of
+    from engine_hooks.sglang.state import state_of
 
     h = make_harness()
     can = _attach(h, lambda c, k: [], [])
@@ -562,7 +562,7 @@ def test_in_the_hook_one_tenants_regression_leaves_another_tenants_shifted_reuse
 ) -> None:
     """A regression in acme's qa scope turns shifted reuse off for acme's next qa recipient only:
     globex's qa recipient (same task and contract) still gets shifted KV."""
-    from engine_hooks.sglang.cache import state_of
+    from engine_hooks.sglang.state import state_of
 
     h = make_harness()
     events: list[CanaryEvent] = []
@@ -585,7 +585,7 @@ def test_in_the_hook_a_scope_on_probation_gives_shifted_kv_only_to_a_replayable_
 ) -> None:
     """Before its scope has a matching canary (probation 1), a sampled recipient gets no shifted KV
     (the policy still allows it) and a greedy one does; after one match the sampled one does too."""
-    from engine_hooks.sglang.cache import state_of
+    from engine_hooks.sglang.state import state_of
 
     h = make_harness()
     events: list[CanaryEvent] = []
@@ -607,3 +607,63 @@ def test_in_the_hook_a_scope_on_probation_gives_shifted_kv_only_to_a_replayable_
     h.run(later)
     st = state_of(later)
     assert st is not None and st.shifted and st.realizations == 1
+
+
+def test_a_taken_decisions_spans_are_planned_once_not_at_every_match(
+    make_harness: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The canaries are consulted once for a taken decision's spans, not again at each later match of
+    the request; its admission consults them once more (the realization's re-check) and realizes."""
+    from engine_hooks.sglang.state import state_of
+
+    h = make_harness()
+    can = _attach(h, lambda c, k: [], [])
+    calls: list[Any] = []
+    real = can.shifted_ok
+
+    def counted(ctx: Any, req: Any) -> bool:
+        calls.append(req)
+        return real(ctx, req)
+
+    monkeypatch.setattr(can, "shifted_ok", counted)
+    r = _pair(h, 21, TASK, "r1")
+    r.init_next_round_input(h.tree)  # the first match queues its decision
+    h.settle()
+    for _ in range(3):
+        r.init_next_round_input(h.tree)  # the scheduler's rounds: the first one takes the decision
+    st = state_of(r)
+    assert st is not None and st.chosen is not None and r.host_hit_length > 0
+    assert calls == [r]
+    h.admit(r)
+    assert len(calls) == 2 and st.realizations == 1 and st.shifted
+    h.prefill([r])
+    h.finish(r)
+    ok, why = h.invariant()
+    assert ok, why
+
+
+def test_a_scope_turned_off_after_its_decision_was_taken_gets_no_shifted_kv_at_admission(
+    make_harness: Any,
+) -> None:
+    """Canaries turning a scope's shifted reuse off after a recipient's decision was taken (its host hit
+    already reported) make its admission fall back cold, audited with why."""
+    from engine_hooks.sglang.state import state_of
+
+    h = make_harness()
+    can = _attach(h, lambda c, k: [], [])
+    r = _pair(h, 22, TASK, "r1")
+    r.init_next_round_input(h.tree)
+    h.settle()
+    r.init_next_round_input(h.tree)
+    st = state_of(r)
+    assert st is not None and st.chosen is not None and r.host_hit_length > 0
+    can.book.disabled = can.book.disabled | {scope_of(_ctx())}
+    h.admit(r)
+    assert st.realizations == 0 and not st.shifted and h.tree.stats["fallbacks"] == 1
+    h.prefill([r])
+    h.finish(r)
+    h.settle()
+    failed = [e for e in h.records() if e.get("kind") == "realization_failed"]
+    assert len(failed) == 1 and "shifted reuse was turned off" in failed[0]["detail"]
+    ok, why = h.invariant()
+    assert ok, why

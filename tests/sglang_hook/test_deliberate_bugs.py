@@ -29,9 +29,11 @@ from typing import Any
 import pytest
 import torch
 
-from engine_hooks.sglang import cache as cache_mod
-from engine_hooks.sglang.cache import GovernedRadixCache, Piece, RealizationError, plan_pieces, state_of
+from engine_hooks.core.plan import Piece, plan_pieces
+from engine_hooks.sglang import realize as realize_mod
+from engine_hooks.sglang.cache import GovernedRadixCache
 from engine_hooks.sglang.guard import InvariantViolation
+from engine_hooks.sglang.state import RealizationError, state_of
 from tests.sglang_hook.scenario import E_LEN, S_LEN, blocks
 
 POOL = re.compile(
@@ -41,7 +43,7 @@ POOL = re.compile(
 
 
 def _planned(cache: Any, st: Any, req: Any) -> list[Piece]:
-    """The pieces the real ``_realize`` would copy for this request (same computation)."""
+    """The pieces the real ``Realizer.realize`` would copy for this request (same computation)."""
     m = int(req.prefix_len)
     limit = min(req._compute_max_prefix_len(len(req.full_untruncated_fill_ids)), len(req.origin_input_ids))
     return plan_pieces(st.chosen.approved_spans, m, limit, st.donor_len, cache.page_size)
@@ -54,14 +56,15 @@ def _gather(slots: torch.Tensor, pieces: list[Piece]) -> torch.Tensor:
 class _AdoptsDonorSlots(GovernedRadixCache):
     """BUG: the realized slots are the donor's own: nothing allocated (and, with no_copy, nothing copied)."""
 
-    def _realize(self, st: Any, req: Any) -> tuple[int, Any]:
-        self._bug_realizing = (st, req)
-        return super()._realize(st, req)
+    def init_load_back(self, params: Any) -> tuple[int, Any]:
+        self._bug_realizing = params.req
+        return super().init_load_back(params)
 
-    def _alloc(self, n: int) -> torch.Tensor:
-        st, req = self._bug_realizing
+    def alloc(self, n: int) -> torch.Tensor:
+        req = self._bug_realizing
+        st = state_of(req)
         root = self.root_node_handle(st.donor.cache_key)
-        _, node = self._donor_path(st.donor)
+        _, node = self.donor_path(st.donor)
         donor = self.tree_core.collect_full_device_indices(node, root)[: st.donor_len]
         slots = _gather(donor, _planned(self, st, req))
         assert len(slots) == n
@@ -71,31 +74,36 @@ class _AdoptsDonorSlots(GovernedRadixCache):
 class _LeaksOnFallback(GovernedRadixCache):
     """BUG: the realization's slots are allocated, the copy is refused, the fallback never frees them."""
 
-    def _alloc(self, n: int) -> torch.Tensor:
-        super()._alloc(n)
+    def alloc(self, n: int) -> torch.Tensor:
+        super().alloc(n)
         raise RealizationError("copy refused after allocation")
 
 
 class _UnpinnedStaleDonor(GovernedRadixCache):
     """BUG: the realization adopts the slots the decision saw, without re-matching the live donor."""
 
-    def _collect(self, st: Any) -> None:
-        fresh = st.pending is not None and st.pending.done
-        super()._collect(st)
-        if not fresh or st.chosen is None:
-            return
+    def match_prefix(self, params: Any) -> Any:
+        result = super().match_prefix(params)
+        st = state_of(params.req)
+        seen = self.__dict__.setdefault("_bug_seen", {})
+        if st is None or st.chosen is None or st.serial in seen:
+            return result
         root = self.root_node_handle(st.donor.cache_key)
-        _, node = self._donor_path(st.donor)
-        seen = self.tree_core.collect_full_device_indices(node, root)[: st.donor_len].clone()
-        self.__dict__.setdefault("_bug_seen", {})[st.serial] = seen
+        _, node = self.donor_path(st.donor)
+        seen[st.serial] = self.tree_core.collect_full_device_indices(node, root)[: st.donor_len].clone()
+        return result
 
-    def _realize(self, st: Any, req: Any) -> tuple[int, Any]:
+    def init_load_back(self, params: Any) -> tuple[int, Any]:
+        req = params.req
+        st = state_of(req)
+        if st is None or st.chosen is None or st.serial not in self.__dict__.get("_bug_seen", {}):
+            return super().init_load_back(params)
         pieces = _planned(self, st, req)
         slots = _gather(self._bug_seen.pop(st.serial), pieces)
         st.private, st.private_base, st.pieces = slots, int(req.prefix_len), tuple(pieces)
         req.skip_radix_cache_insert = True
         self.stats["realizations"] += 1
-        self._check("realization", st)
+        self.checks.check("realization", st)
         return len(slots), req.last_node
 
 
@@ -110,7 +118,7 @@ BUGS: dict[str, tuple[type[GovernedRadixCache], str, int]] = {
 @pytest.fixture
 def no_copy(monkeypatch: pytest.MonkeyPatch) -> None:
     """The adopting variants copy nothing: the hook's ``copy_kv`` becomes a no-op for the test."""
-    monkeypatch.setattr(cache_mod, "copy_kv", lambda *a, **k: None)
+    monkeypatch.setattr(realize_mod, "copy_kv", lambda *a, **k: None)
 
 
 def _donor(h: Any, b: Any, rid: str = "donor") -> Any:
@@ -277,7 +285,7 @@ def test_control_real_fallback_after_allocation_frees_the_slots(
     def refuse(*_: Any, **__: Any) -> None:
         raise ValueError("copy refused after allocation")
 
-    monkeypatch.setattr(cache_mod, "copy_kv", refuse)
+    monkeypatch.setattr(realize_mod, "copy_kv", refuse)
     h = make_harness()
     rcp = _until_the_buggy_step(h, "leak", None)
     h.admit(rcp)

@@ -14,8 +14,8 @@ import torch
 
 import engine_hooks.core.donors as donors_mod
 import engine_hooks.core.events as events_mod
-from engine_hooks.sglang.cache import state_of
 from engine_hooks.sglang.plugin import prefill_round
+from engine_hooks.sglang.state import state_of
 from tests.sglang_hook.scenario import E_LEN, S_LEN, blocks, new_recipient, run_donor
 
 

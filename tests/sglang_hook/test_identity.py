@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from engine_hooks.sglang.cache import state_of
 from engine_hooks.sglang.guard import held_in_open_free_group
+from engine_hooks.sglang.state import state_of
 from tests.sglang_hook.scenario import E_LEN, S_LEN, blocks, new_recipient, run_donor
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine_hooks.sglang.cache import state_of
+from engine_hooks.sglang.state import state_of
 from tests.sglang_hook.scenario import E_LEN, I_LEN, S_LEN, blocks, new_recipient, run_donor
 
 
@@ -50,7 +50,7 @@ def test_allow_realizes_the_shifted_evidence_into_recipient_slots(
     row = h.row(rcp)
     donor_slots = set(
         h.tree.tree_core.collect_full_device_indices(
-            h.tree._donor_path(h.tree.gov.donor(h.tree.donor_id(state_of(donor))))[1],
+            h.tree.donor_path(h.tree.gov.donor(h.tree.donor_id(state_of(donor))))[1],
             h.tree.root_node_handle(donor.extra_key),
         ).tolist()
     )
@@ -227,7 +227,7 @@ def test_donor_is_pinned_while_the_copy_allocates(make_harness: Any, monkeypatch
     rcp = new_recipient(h, b)
     h.match(rcp)
     seen: list[int] = []
-    real_alloc = h.tree._alloc
+    real_alloc = h.tree.alloc
 
     def alloc(n: int) -> Any:
         seen.append(h.tree.pins)
@@ -236,7 +236,7 @@ def test_donor_is_pinned_while_the_copy_allocates(make_harness: Any, monkeypatch
         h.tree.evict(EvictParams(num_tokens=h.size))  # everything evictable goes
         return real_alloc(n)
 
-    monkeypatch.setattr(h.tree, "_alloc", alloc)
+    monkeypatch.setattr(h.tree, "alloc", alloc)
     h.admit(rcp)
     assert seen == [1] and h.tree.pins == 0
     h.prefill([rcp])

@@ -15,7 +15,7 @@ import pytest
 
 from engine_hooks.core.context import RequestContext
 from engine_hooks.core.decider import _request_fields
-from engine_hooks.sglang.cache import _State, log_fields
+from engine_hooks.sglang.state import ReqState, log_fields
 from semgov import log
 from semgov.typing import SignedDecision
 from tests.core.files import CONTRACT, TASK, HookFiles
@@ -138,7 +138,7 @@ def test_request_state_names_request_tenant_and_chosen_decision() -> None:
     """A scheduler-thread line about a request names its label, tenant, namespace and, once one
     was chosen, the decision it acts on; a decide message names its request and tenant."""
     ctx = RequestContext("acme", "ns1", dict(TASK), dict(CONTRACT), None, None)
-    st = _State(1, "req-9", ctx, "key", None)
+    st = ReqState(1, "req-9", ctx, "key", None)
     assert log_fields(st) == {"request_id": "req-9", "tenant": "acme", "namespace": "ns1"}
     st.chosen = SignedDecision({"decision_id": "d-1"}, b"{}")
     assert log_fields(st)["decision_id"] == "d-1"

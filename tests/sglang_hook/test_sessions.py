@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine_hooks.sglang.cache import state_of
+from engine_hooks.sglang.state import state_of
 
 
 def _session(streaming: bool = False) -> Any:

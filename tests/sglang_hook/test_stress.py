@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine_hooks.sglang.cache import state_of
+from engine_hooks.sglang.state import state_of
 from tests.sglang_hook.scenario import Layout, blocks
 
 pytestmark = pytest.mark.stress

@@ -225,9 +225,9 @@ def test_a_donor_is_chosen_only_from_the_round_after_every_rank_holds_it(make_ha
     _finish_donor(h, "d1", 52)
     h.tree.sync_round([object()], None)
     assert h.tree.reuse_disabled is None and h.tree.gov.donor_count() == 1
-    assert len(h.tree._fresh) == 1
+    assert len(h.tree.hook.fresh) == 1
     h.tree.sync_round([object()], None)
-    assert h.tree._fresh == frozenset() and h.tree.gov.donor_count() == 1
+    assert h.tree.hook.fresh == frozenset() and h.tree.gov.donor_count() == 1
 
 
 def test_in_the_hook_one_tenants_burst_of_finished_requests_is_bounded_by_its_own_quota(

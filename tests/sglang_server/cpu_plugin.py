@@ -9,16 +9,17 @@ server's ``PYTHONPATH``; SGLang runs it in the launcher, the scheduler and the d
   import a fallback kernel from ``vllm._custom_ops``; with the flag set the
   forward uses ``forward_native`` (../shared/RECIPES.md, "A real SGLang server on CPU").
 - With ``SEMGOV_RIG_KV_DUMP=DIR``, it wraps two methods of the governed cache (through SGLang's
-  ``HookRegistry``) to write, for requests whose ``rid`` starts with ``kvdump-``, the K/V of
-  every layer to ``DIR`` with ``torch.save``: right after a realization (the recipient's realized
-  slots and the donor slots they were copied from, with the pieces), and at release (the
-  request's whole row, before it is freed). A test then compares them with a cold prefill's.
+  ``HookRegistry``: its realizer's ``Realizer.realized`` and ``GovernedRadixCache.on_release``)
+  to write, for requests whose ``rid`` starts with ``kvdump-``, the K/V of every layer to ``DIR``
+  with ``torch.save``: right after a realization (the recipient's realized slots and the donor
+  slots they were copied from, with the pieces), and at release (the request's whole row, before
+  it is freed). A test then compares them with a cold prefill's.
 - With ``SEMGOV_RIG_DONOR_LOG=FILE``, it appends ``s`` to ``FILE`` for every donor the hook
   queues for registration and ``r`` when its registration is done (in the decision process or on
   the registration thread: ``DonorRegistry.registration_done``), so the rig
   can wait for registrations deterministically (:func:`tests.sglang_server.rig.settle`).
 - With ``SEMGOV_RIG_SCHED_LOG=FILE``, it appends one line per finished request the hook
-  tracked: semgov's scheduler-thread nanoseconds for it (``_State.sched_ns``), and the seconds
+  tracked: semgov's scheduler-thread nanoseconds for it (``ReqState.sched_ns``), and the seconds
   from queueing its decision to taking it and to letting it through, for the benchmarks.
 - With ``SEMGOV_RIG_TP_FOLLOWER_FORGETS=1``, tensor-parallel ranks other than 0 forget finished
   requests (a fault: the leader's registry can no longer be replayed there).
@@ -72,20 +73,18 @@ def _install_degrade(task_id: str) -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     def after_realized(
-        result: Any, cache: Any, st: Any, req: Any, slots: Any, pieces: Any, decision_id: str, where: str
+        result: Any, realizer: Any, st: Any, req: Any, slots: Any, pieces: Any, decision_id: str, where: str
     ) -> Any:
         if st.context is not None and st.context.task.get("id") == task_id:
             import torch
 
-            pool = cache.kv_pool
+            pool = realizer.tree.kv_pool
             s = slots.to(torch.int64).to(pool.device)
             for layer in range(pool.start_layer, pool.start_layer + pool.layer_num):
                 pool.get_value_buffer(layer)[s] = 100.0
         return result
 
-    HookRegistry.register(
-        "engine_hooks.sglang.cache.GovernedRadixCache._realized", after_realized, HookType.AFTER
-    )
+    HookRegistry.register("engine_hooks.sglang.realize.Realizer.realized", after_realized, HookType.AFTER)
 
 
 def _install_follower_forgets() -> None:
@@ -166,8 +165,9 @@ def _install_kv_dump(directory: Path) -> None:
     target = "engine_hooks.sglang.cache.GovernedRadixCache"
 
     def after_realized(
-        result: Any, cache: Any, st: Any, req: Any, slots: Any, pieces: Any, decision_id: str, where: str
+        result: Any, realizer: Any, st: Any, req: Any, slots: Any, pieces: Any, decision_id: str, where: str
     ) -> Any:
+        cache = realizer.tree
         rid = str(req.rid)
         if rid.startswith(DUMP_PREFIX):
             data = {
@@ -195,5 +195,5 @@ def _install_kv_dump(directory: Path) -> None:
             _save(directory, f"{rid}{_rank(cache)}.release.pt", data)
         return None
 
-    HookRegistry.register(f"{target}._realized", after_realized, HookType.AFTER)
+    HookRegistry.register("engine_hooks.sglang.realize.Realizer.realized", after_realized, HookType.AFTER)
     HookRegistry.register(f"{target}.on_release", before_release, HookType.BEFORE)
