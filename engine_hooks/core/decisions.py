@@ -70,9 +70,10 @@ class PendingDecision:
     decided_s: float = 0.0  # seconds the decision thread spent on it
     done: bool = False
     abandoned: str | None = None  # why the adapter stopped waiting (a not-realized reason code)
+    abandoned_why: str = ""  # and in words (the event's detail after the code)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def abandon(self, reason: str) -> bool:
+    def abandon(self, reason: str, why: str = "") -> bool:
         """Scheduler thread: stop waiting for this decision (``reason``: ``late``, ``aborted``, ...).
 
         True: abandoned; its allows, when it finishes, are reported as not realized with ``reason``
@@ -81,7 +82,8 @@ class PendingDecision:
         with self._lock:
             if self.done:
                 return False
-            self.abandoned = self.abandoned or reason
+            if self.abandoned is None:
+                self.abandoned, self.abandoned_why = reason, why
             return True
 
     def finish(self) -> str | None:

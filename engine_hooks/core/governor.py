@@ -423,6 +423,8 @@ class Governor:
             text = f"decided in {job.decided_s * 1000:.0f} ms; the engine had stopped waiting"
             if job.abandoned == "late":
                 text += f" (SEMGOV_DECISION_TIMEOUT_MS={self.settings.decision_timeout_ms})"
+            if job.abandoned_why:
+                text = f"{job.abandoned_why}; {text}"
             abandoned_allows(job.decisions, job.abandoned, job.request_id, text, self.not_realized)
 
     def warm(self, reason: str) -> None:

@@ -197,6 +197,8 @@ class SchedulerSide:
         """vLLM's ``get_num_new_matched_tokens``: approved tokens to load after ``num_computed``."""
         try:
             st = self._state(request)
+            if getattr(request, "skip_reading_prefix_cache", None) is True and not st.decided:
+                return self._skips_cache(st, num_computed), False
             n = self._matched(st, num_computed)
             if n and not seal_blocks(request, num_computed // self.block_size):
                 self._not_realized(st, "unsealed", _UNSEALED)
@@ -264,6 +266,32 @@ class SchedulerSide:
         st.plan = (m, pieces)
         return sum(p.length for p in pieces)
 
+    def _skips_cache(self, st: _Req, m: int) -> int:
+        """A request that skips reading the prefix cache (prompt logprobs, or its own setting): vLLM
+        zeroes whatever the connector answers, without waiting for a ``None``. Its decision is still
+        made and audited, and abandoned at once: each allow is reported ``discarded_by_engine``."""
+        if self._matched(st, m) is None and st.pending is not None:  # NOTE: queued (or still waiting)
+            self._drop_pending(st, "discarded_by_engine", _SKIPS_CACHE)
+        elif st.chosen is not None:
+            self._not_realized(st, "discarded_by_engine", _SKIPS_CACHE)
+        return 0
+
+    def _drop_pending(self, st: _Req, reason: Reason, why: str) -> None:
+        """Stop waiting for the request's decision: abandoned (the core reports its allows when it
+        finishes) or, when it finished first, its allows reported here. One outcome either way."""
+        job, st.pending = st.pending, None
+        if job is None or job.abandon(reason, why):
+            return
+        for d in job.decisions:
+            if d.decision == "allow":
+                self.gov.not_realized(
+                    reason,
+                    request_id=st.label,
+                    decision_id=str(d.record["decision_id"]),
+                    donor_id=d.donor_id,
+                    detail=why,
+                )
+
     def _take(self, st: _Req, job: PendingDecision, m: int) -> None:
         """The allowed donor (still in the store) whose plan from ``m`` loads the most; every other
         allow says why it is not loaded (an allow that is not acted on is never a silent drop)."""
@@ -329,6 +357,8 @@ class SchedulerSide:
             if st is None:
                 return
             if num_external <= 0:
+                # NOTE: admitted without the load: a decision still pending can no longer be acted on
+                self._drop_pending(st, "discarded_by_engine", "vLLM admitted the request before its decision")
                 self._discarded(request, st)
                 return
             if st.plan is None or st.chosen is None or st.donor is None:
@@ -511,9 +541,7 @@ class SchedulerSide:
     def _unfinished(self, st: _Req, request: Any) -> None:
         """A request that finishes with a decision pending, or an allow chosen and never loaded."""
         status = getattr(request.status, "name", "?")
-        if st.pending is not None:
-            st.pending.abandon("aborted")  # NOTE: its allows are reported by the core when it finishes
-            st.pending = None
+        self._drop_pending(st, "aborted", f"the request finished ({status}) before its decision")
         if st.chosen is not None and not st.recipient:
             self._not_realized(st, "aborted", f"the request finished ({status}) before the load")
 
@@ -538,6 +566,7 @@ class SchedulerSide:
 
 
 _UNSEALED = "vLLM's request has no block hashes to seal: reused KV would enter its prefix cache"
+_SKIPS_CACHE = "the request skips reading the prefix cache (prompt logprobs, or its own setting)"
 _PREFIX_CACHED = "vLLM's own prefix hit ({m} tokens) already holds every approved position"
 
 

@@ -483,3 +483,29 @@ def test_every_unloadable_reason_is_a_code(side: SchedulerSide) -> None:
     test_an_allow_the_connector_cannot_load_is_audited_with_why(side)
     codes = [c for c, _ in _not_realized(side)]
     assert codes == ["unrealizable_plan", "unrealizable_plan"]
+
+
+@pytest.mark.parametrize("threaded", ["0", "1"])
+def test_a_request_skipping_the_prefix_cache_is_answered_0_and_its_allow_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threaded: str
+) -> None:
+    """vLLM zeroes the connector's answer for a request that skips reading the prefix cache (prompt
+    logprobs) without waiting for ``None``: the connector answers 0 at once, its decision is still
+    made and audited, and each allow is reported ``discarded_by_engine`` (inline, or by the core
+    once the decision thread finishes it)."""
+    s = _make_side(tmp_path, monkeypatch, SEMGOV_ASYNC_DECISIONS=threaded)
+    try:
+        p = pair_prompts(f"unit-skip-{threaded}", e_len=512)
+        _donor(s, p)
+        r = _req(p.recipient, GW.token("acme", "ns", p.recipient_segs))
+        r.skip_reading_prefix_cache = True
+        before = list(r.block_hashes)
+        assert s.matched(r, 256) == (0, False)
+        assert r.block_hashes == before  # nothing answered, nothing sealed
+        s.after_alloc(r, NS(get_block_ids=lambda: (_blocks(len(p.recipient)),)), 0)
+        assert s.gov.wait_idle() and s.gov.wait_idle()
+        got = _not_realized(s)
+        assert [c for c, _ in got] == ["discarded_by_engine"] and [d for _, d in got] == _allow_ids(s)
+        assert "skips reading the prefix cache" in str(summarize(read_audit(s.audit_dir)).failed[0]["detail"])  # type: ignore[attr-defined]
+    finally:
+        s.close()
