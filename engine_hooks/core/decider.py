@@ -23,6 +23,8 @@ its registration is done, by the child's registration thread) and ``remove``/``s
   then, when there is a shadow policy, ``("shadow", [SignedDecision])`` (its records);
 - ``("event", seq, EventJob)`` -> ``("event", seq, canonical record | None, error | None)``;
 - ``("reload", reason)`` -> ``("reloaded", [ReloadOutcome], reason)`` (between two decisions);
+- ``("warm", reason)`` -> ``("warmed", reason, seconds, error | None)``: the decision path run once
+  on a synthetic input (:mod:`engine_hooks.core.warmup`), here, where decisions are made;
 - ``("ping", seq)`` -> ``("pong", seq)`` (everything sent before it is answered);
 - ``("stop",)``: finish the registrations in flight, then exit.
 
@@ -260,12 +262,29 @@ class _Child:
                 self._decide(msg)
         elif kind == "reload":
             self.send(("reloaded", self.policies.reload(), msg[1]))
+        elif kind == "warm":
+            self._warm(msg[1])
         elif kind == "event":
             self.send(("event", msg[1], sign_event_job(msg[2], self.engine, self.key).canonical, None))
         elif kind == "ping":
             self.send(("pong", msg[1]))
         else:
             raise ValueError(f"unknown message {kind!r}")
+
+    def _warm(self, reason: str) -> None:
+        """Warm the decision path here (the provider, the policies, the keys are this process's)."""
+        from engine_hooks.core.warmup import warm_decision_path
+
+        with self._table:  # NOTE: the registration thread shares the provider
+            w = warm_decision_path(
+                self.policies,
+                self.provider,
+                settings=self.settings,
+                signing_key=self.key,
+                detokenize=self.detokenize,
+                reason=reason,
+            )
+        self.send(("warmed", w.reason, w.seconds, w.error))
 
     def _decide(self, msg: tuple[Any, ...]) -> None:
         """One recipient's candidates and live decision, answered at once; the shadow after."""

@@ -18,6 +18,10 @@ NOTE: invariants:
   thread without one; with the decision process, the provider lives there only.
 - A :class:`PendingDecision` is written only by the decision thread (or the decision process's
   reader thread) and read by the scheduler thread only once ``done`` is set, which is set last.
+- A :class:`PendingDecision` has exactly one outcome: the scheduler takes it (``done`` was set
+  first), or the adapter abandoned it first (:meth:`PendingDecision.abandon`: late, aborted) and
+  the core reports each of its allows as not realized when it finishes
+  (:meth:`~engine_hooks.core.governor.Governor.decided`); both sides decide under the job's lock.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import queue
 import threading
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -44,6 +48,7 @@ from engine_hooks.core.donors import (
 from engine_hooks.core.events import AuditTrail, EventJob
 from engine_hooks.core.policies import HookPolicies, LiveDecided, ReloadOutcome
 from engine_hooks.core.settings import HookSettings
+from engine_hooks.core.warmup import Warm, Warmed
 from semgov.decide import SignedDecision
 from semgov.log import bound, describe_error, get_logger
 from semgov.typing import CandidateProvider
@@ -64,6 +69,29 @@ class PendingDecision:
     decisions: list[SignedDecision] = field(default_factory=list)
     decided_s: float = 0.0  # seconds the decision thread spent on it
     done: bool = False
+    abandoned: str | None = None  # why the adapter stopped waiting (a not-realized reason code)
+    abandoned_why: str = ""  # and in words (the event's detail after the code)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def abandon(self, reason: str, why: str = "") -> bool:
+        """Scheduler thread: stop waiting for this decision (``reason``: ``late``, ``aborted``, ...).
+
+        True: abandoned; its allows, when it finishes, are reported as not realized with ``reason``
+        and the adapter never reads it. False: it finished first; the adapter takes it as usual.
+        """
+        with self._lock:
+            if self.done:
+                return False
+            if self.abandoned is None:
+                self.abandoned, self.abandoned_why = reason, why
+            return True
+
+    def finish(self) -> str | None:
+        """Decision side: mark it done (last); returns why it was abandoned, or None (the adapter
+        will take it). NOTE: ``abandoned`` no longer changes once ``done`` is set."""
+        with self._lock:
+            self.done = True
+            return self.abandoned
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +108,7 @@ class Reload:
     reason: str
 
 
-Job = PendingDecision | EventJob | ProviderOp | Register | Reload | threading.Event  # Event: wait_idle
+Job = PendingDecision | EventJob | ProviderOp | Register | Reload | Warm | threading.Event  # Event: wait_idle
 
 
 class LifecycleSink(Protocol):
@@ -91,6 +119,8 @@ class LifecycleSink(Protocol):
     def shadowed(self, records: list[SignedDecision], disagreements: int) -> None: ...
 
     def decided(self, job: PendingDecision) -> None: ...
+
+    def warmed(self, outcome: Warmed) -> None: ...
 
 
 def disagreements(records: Sequence[SignedDecision]) -> int:
@@ -179,9 +209,11 @@ class LocalDecisions:
         trail: AuditTrail,
         clock: Clock,
         lifecycle: LifecycleSink,
+        warm: Callable[[str], Warmed] | None = None,
     ) -> None:
         self.settings = settings
         self.context_key = context_key
+        self.warm = warm
         self.policies = policies
         self.provider = provider
         self.donors = donors
@@ -198,6 +230,9 @@ class LocalDecisions:
             self.trail.sign(job)
         elif isinstance(job, Reload):
             self.lifecycle.reloaded(self.policies.reload(), job.reason)
+        elif isinstance(job, Warm):
+            if self.warm is not None:
+                self.lifecycle.warmed(self.warm(job.reason))
         elif isinstance(job, threading.Event):
             job.set()  # wait_idle: everything queued before it is done
 
@@ -272,7 +307,7 @@ class LocalDecisions:
             get_logger().warning("semgov candidate search failed", error=describe_error(e))
         finally:
             job.decided_s = time.perf_counter() - t0
-            job.done = True  # NOTE: last: the scheduler thread reads the job only after this
+            job.finish()  # NOTE: last: the scheduler thread reads the job only after this
         with bound(decision_ids=[str(d.record["decision_id"]) for d in job.decisions] or None):
             self.lifecycle.decided(job)
         if live is not None:
@@ -330,6 +365,8 @@ class RemoteDecisions:
             self._tell(("register", spec, scope))
         elif isinstance(job, Reload):
             self._tell(("reload", job.reason))
+        elif isinstance(job, Warm):
+            self._tell(("warm", job.reason))
         elif isinstance(job, threading.Event):
             seq = self._enter(self._pings, job)
             self._tell(("ping", seq))
@@ -344,7 +381,8 @@ class RemoteDecisions:
 
     def _forward_decision(self, job: PendingDecision) -> None:
         if self.trail.broken is not None:
-            job.decided_s, job.done = time.monotonic() - job.queued_at, True
+            job.decided_s = time.monotonic() - job.queued_at
+            job.finish()
             return
         seq = next(self._seq)
         ids = job.token_ids
@@ -401,6 +439,8 @@ class RemoteDecisions:
         elif kind == "reloaded":
             _, outcomes, reason = msg
             self.lifecycle.reloaded(outcomes, reason)
+        elif kind == "warmed":
+            self.lifecycle.warmed(Warmed(*msg[1:]))
 
     def _decided(
         self, seq: int, found: list[tuple[str, float]], decisions: list[SignedDecision], error: str | None
@@ -428,7 +468,8 @@ class RemoteDecisions:
         job.candidates = [c for c, _ in kept]
         job.decisions = [d for _, d in kept]
         job.decided_s = time.monotonic() - job.queued_at
-        job.done = True  # NOTE: last
+        if job.finish() is not None:  # NOTE: last for the scheduler; abandoned, nobody else reads it
+            job.decisions = list(decisions)  # every allow made is reported, its donor kept or not
         self.lifecycle.decided(job)
 
     def failed(self) -> None:
@@ -452,7 +493,8 @@ class RemoteDecisions:
         for event in events:
             self.trail.sign(event)  # NOTE: engine events are never lost with the process: signed here
         for job in jobs:
-            job.decided_s, job.done = time.monotonic() - job.queued_at, True
+            job.decided_s = time.monotonic() - job.queued_at
+            job.finish()
         for donor_id in regs:
             self.donors.registration_done(donor_id, False)
         for ping in pings:

@@ -19,7 +19,12 @@ loads the hook's policy, keys and provider, builds the parts below, and is what 
 - :meth:`Governor.event` only queues a plain engine event: it is built and signed off the
   scheduler thread, in order after the decisions queued before it, and every decision record and
   engine event is appended to the audit log, which only queues it
-  (:mod:`engine_hooks.core.events`).
+  (:mod:`engine_hooks.core.events`);
+- :meth:`Governor.not_realized` is how both engines say why an allow was not acted on (a reason
+  code, :mod:`engine_hooks.core.unrealized`); a decision its adapter abandoned (late, aborted)
+  is reported here when it finishes with allows (:meth:`Governor.decided`);
+- the decision path is warmed at start and after each reload that loaded a policy
+  (:mod:`engine_hooks.core.warmup`, ``SEMGOV_WARMUP``), where decisions are made, never waited for.
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ from engine_hooks.core.providers import load_provider
 from engine_hooks.core.reload import ReloadWatcher, install_sighup
 from engine_hooks.core.settings import HookConfigError, HookSettings
 from engine_hooks.core.tokens import Verdict, load_context_keys, verify_context
+from engine_hooks.core.unrealized import Reason, abandoned_allows, detail_of
+from engine_hooks.core.warmup import Warm, Warmed, warm_decision_path
 from semgov.decide import Evaluator
 from semgov.log import describe_error, get_logger
 from semgov.policy.engine import PolicySource
@@ -142,7 +149,9 @@ class Governor:
         self.local: LocalDecisions | None = None
         self.forwarding: RemoteDecisions | None = None
         self.remote: DecisionProcess | None = None
+        self.warmups: list[Warmed] = []  # every warm-up's outcome, in order (tests, stats)
         self.jobs.start(self._start_process(tokenizer_path) if remote else self._decide_here())
+        self.warm("start")
 
     def _decide_here(self) -> LocalDecisions:
         """The decision thread's jobs run in this process (the provider is here)."""
@@ -156,8 +165,20 @@ class Governor:
             trail=self.trail,
             clock=self._now,
             lifecycle=self,
+            warm=self._warm_here,
         )
         return self.local
+
+    def _warm_here(self, reason: str) -> Warmed:
+        assert self.provider is not None
+        return warm_decision_path(
+            self.policies,
+            self.provider,
+            settings=self.settings,
+            signing_key=self.signing_key,
+            detokenize=self.detokenize,
+            reason=reason,
+        )
 
     def _start_process(self, tokenizer_path: str | None) -> RemoteDecisions:
         """The decision thread's jobs go to the decision process, started here."""
@@ -319,6 +340,25 @@ class Governor:
             return
         self.jobs.submit(job)
 
+    def not_realized(
+        self,
+        reason: Reason,
+        *,
+        request_id: str | None,
+        decision_id: str | None,
+        donor_id: str | None,
+        detail: str = "",
+    ) -> None:
+        """An allow decision the engine does not act on: a ``realization_failed`` event whose detail
+        starts with ``reason`` (counted in ``semgov:allows_not_realized_total``). Never raises."""
+        self.event(
+            "realization_failed",
+            request_id=request_id,
+            decision_id=decision_id,
+            donor_id=donor_id,
+            detail=detail_of(reason, detail),
+        )
+
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """Block until everything queued for the decision thread is done (tests, shutdown)."""
         return self.jobs.wait_idle(timeout)
@@ -365,6 +405,8 @@ class Governor:
                     except Exception as e:  # noqa: BLE001 - a listener bug must not stop the reload
                         get_logger().error("semgov reload listener failed", error=describe_error(e))
             self.reloads += 1  # NOTE: last: who sees the count sees the revision it brought
+        if any(o.ok for o in outcomes):
+            self.warm("reload")  # NOTE: the new evaluator is cold (its engine, its caches)
 
     def shadowed(self, records: list[SignedDecision], disagreements: int) -> None:
         """Shadow records were audited (counted; never acted on)."""
@@ -373,9 +415,37 @@ class Governor:
         self.shadow_records += len(records)  # NOTE: last: who sees the count sees its disagreements
 
     def decided(self, job: PendingDecision) -> None:
-        """A recipient's decision is ready for the scheduler: its latency, when it had candidates."""
+        """A recipient's decision is done: its latency, when it had candidates; when its adapter
+        abandoned it (late, aborted), each of its allows is reported as not realized, here."""
         if job.candidates:
             self.metrics.latency.observe(job.decided_s)
+        if job.abandoned is not None:
+            text = f"decided in {job.decided_s * 1000:.0f} ms; the engine had stopped waiting"
+            if job.abandoned == "late":
+                text += f" (SEMGOV_DECISION_TIMEOUT_MS={self.settings.decision_timeout_ms})"
+            if job.abandoned_why:
+                text = f"{job.abandoned_why}; {text}"
+            abandoned_allows(job.decisions, job.abandoned, job.request_id, text, self.not_realized)
+
+    def warm(self, reason: str) -> None:
+        """Queue a warm-up of the decision path (``SEMGOV_WARMUP``); never waited for."""
+        if self.settings.warmup:
+            self.jobs.submit(Warm(reason))
+
+    def warmed(self, outcome: Warmed) -> None:
+        """A warm-up's outcome (the decision thread, or the decision process's reader): logged, counted."""
+        self.warmups.append(outcome)
+        self.metrics.warmup(outcome.error is None)
+        ms = round(outcome.seconds * 1000, 1)
+        if outcome.error is None:
+            get_logger().info("semgov decision path warm", reason=outcome.reason, ms=ms)
+        else:
+            get_logger().warning(
+                "semgov decision path warm-up failed (serving goes on)",
+                reason=outcome.reason,
+                ms=ms,
+                error=outcome.error,
+            )
 
     def close(self) -> None:
         """Stop the registration and decision threads and close the audit log (flushes, checkpoints).

@@ -11,11 +11,12 @@ and ``stats``; nothing is exported.
 What is counted where (all off the scheduler thread except the two event counters, one
 ``inc`` each): decisions, gate failures and approved tokens when a live decision is audited
 (:meth:`HookMetrics.decision`); decision latency when the scheduler may act on it; realized
-tokens, realization failures (by exception type) and ``reuse_disabled`` as their engine events
-are queued; shadow records and disagreements; policy reloads; capture drops (in the process that
-captures); the audit log's backlog (records accepted but not yet durable, and how long the writer
-has had work without committing) sampled every second by a ``semgov-metrics`` thread
-(:class:`BacklogSampler`).
+tokens, realization failures (by exception type, or reason code) and allows not realized (by
+reason code, :mod:`engine_hooks.core.unrealized`) and ``reuse_disabled`` as their engine events
+are queued; warm-ups of the decision path, by outcome; shadow records and disagreements;
+policy reloads; capture drops (in the process that captures); the audit log's backlog (records
+accepted but not yet durable, and how long the writer has had work without committing) sampled
+every second by a ``semgov-metrics`` thread (:class:`BacklogSampler`).
 
 NOTE: label values are bounded by construction: outcomes, gates and results are enums, the
 engine is the policy engine's name, a failure reason is an exception type name (at most 64
@@ -32,6 +33,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from semgov.log import describe_error, get_logger
+from semgov.wire.names import not_realized_reason
 
 PREFIX = "semgov:"
 # Decision latency on the decision thread, queued -> decided (seconds).
@@ -44,7 +46,7 @@ def metric_names() -> frozenset[str]:
     counters = (
         "decisions", "gate_failures", "approved_tokens", "realized_tokens", "realization_failures",
         "realizations", "shadow_decisions", "shadow_disagreements", "policy_reloads", "capture_dropped",
-        "captured", "context_tokens_refused", "unscoped_requests",
+        "captured", "context_tokens_refused", "unscoped_requests", "allows_not_realized", "warmups",
     )  # fmt: skip
     gauges = ("audit_pending_records", "audit_commit_lag_seconds", "reuse_disabled")
     hist = ("decision_latency_seconds",)
@@ -96,6 +98,14 @@ class HookMetrics:
         self.realized_tokens = counter("realized_tokens", "Tokens of KV copied by realizations.")
         self.realization_failures = counter(
             "realization_failures", "Allowed realizations that did not happen, by reason.", ("reason",)
+        )
+        self.allows_not_realized = counter(
+            "allows_not_realized",
+            "Allow decisions the engine did not act on, by reason code (docs/formats.md).",
+            ("reason",),
+        )
+        self.warmups = counter(
+            "warmups", "Warm-ups of the decision path (start, reload), by outcome.", ("outcome",)
         )
         self.latency = Histogram(
             PREFIX + "decision_latency_seconds",
@@ -155,6 +165,9 @@ class HookMetrics:
             self.realized_tokens.inc(materialized_tokens)
         elif kind == "realization_failed":
             self.realization_failures.labels(failure_reason(detail)).inc()
+            code = not_realized_reason(detail)
+            if code is not None:
+                self.allows_not_realized.labels(code).inc()
         elif kind == "reuse_disabled":
             self.reuse_disabled.set(1)
 
@@ -162,6 +175,9 @@ class HookMetrics:
         for r in records:
             self.shadow_decisions.labels(str(r.get("decision"))).inc()
         self.shadow_disagreements.inc(disagreements)
+
+    def warmup(self, ok: bool) -> None:
+        self.warmups.labels("ok" if ok else "failed").inc()
 
     def reload(self, role: str, ok: bool) -> None:
         self.policy_reloads.labels(role, "loaded" if ok else "failed").inc()

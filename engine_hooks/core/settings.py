@@ -67,6 +67,10 @@ class HookSettings:
     decision_process: bool = True
     """With async decisions: register donors, search candidates, decide and sign engine events in a
     child process (:mod:`engine_hooks.core.decider`), outside the scheduler's interpreter lock."""
+    warmup: bool = True
+    """Run the whole decision path once on a synthetic input at start and after each policy reload,
+    on the decision thread or process (:mod:`engine_hooks.core.warmup`), so that the first real
+    decision does not pay its lazy initialisation (imports, models, caches) past the deadline."""
     max_regions: int = 4
     """Approved runs realized past the front of a prompt (after fresh tokens), per request: each
     ends a prefill chunk where it starts and costs one more prefill round; 0 turns it off."""
@@ -169,6 +173,7 @@ class HookSettings:
             async_registration=e.flag("SEMGOV_ASYNC_REGISTRATION", True),
             async_decisions=e.flag("SEMGOV_ASYNC_DECISIONS", True),
             decision_process=e.flag("SEMGOV_DECISION_PROCESS", True),
+            warmup=e.flag("SEMGOV_WARMUP", True),
             max_regions=e.integer("SEMGOV_MAX_REGIONS", 4, 0, 64),
             min_region_tokens=e.integer("SEMGOV_MIN_REGION_TOKENS", 64, 1, 1 << 24),
             shifted_recompute_pct=e.integer("SEMGOV_SHIFTED_RECOMPUTE_PCT", 0, 0, 100),

@@ -15,6 +15,14 @@ and audit log as the SGLang backend) and answers from what is ready, never waiti
   ``build_connector_meta`` sends loads, donor saves and store drops to the worker
   (:class:`~engine_hooks.vllm.meta.StepPlan`); ``update_connector_output`` audits each load the
   worker reports (``realization`` / ``realization_failed``; vLLM recomputes failed blocks).
+- every allow it does not load says why, through the core
+  (:meth:`~engine_hooks.core.governor.Governor.not_realized`, :mod:`engine_hooks.core.unrealized`):
+  ``late`` (abandoned past the deadline; reported by the core when it finishes), ``not_durable``,
+  ``donor_evicted`` (its KV left the store), ``unrealizable_plan`` (a run that does not continue
+  vLLM's hit, a leading recompute), ``prefix_cached`` (vLLM's own hit covers it),
+  ``another_donor_chosen``, ``unsealed``, ``discarded_by_engine`` (vLLM dropped the answered load:
+  a request that skips reading the prefix cache, e.g. prompt logprobs or echo with logprobs),
+  ``copy_failed`` (the worker's load failed), ``hook_error``, ``aborted`` (finished first).
 - ``request_finished`` registers a fully saved request that finished normally, never received
   reused KV, and had a verified context, as a donor (signed provenance, off this thread).
 
@@ -46,6 +54,7 @@ from engine_hooks.core.donors import DonorSpec, LiveDonor
 from engine_hooks.core.governor import Governor
 from engine_hooks.core.plan import plan_pieces, recompute_leading, request_label
 from engine_hooks.core.settings import HookConfigError, HookSettings
+from engine_hooks.core.unrealized import Reason
 from engine_hooks.vllm.book import StoreBook
 from engine_hooks.vllm.meta import LoadOp, LoadPiece, SaveOp, StepPlan, WorkerReport
 from engine_hooks.vllm.scope import issued_salt
@@ -188,9 +197,11 @@ class SchedulerSide:
         """vLLM's ``get_num_new_matched_tokens``: approved tokens to load after ``num_computed``."""
         try:
             st = self._state(request)
+            if getattr(request, "skip_reading_prefix_cache", None) is True and not st.decided:
+                return self._skips_cache(st, num_computed), False
             n = self._matched(st, num_computed)
             if n and not seal_blocks(request, num_computed // self.block_size):
-                self._not_realized(st, str(st.chosen.record["decision_id"]) if st.chosen else "", _UNSEALED)
+                self._not_realized(st, "unsealed", _UNSEALED)
                 return 0, False
             return n, False
         except Exception as e:  # noqa: BLE001 - any doubt: no reuse, the request runs cold
@@ -225,9 +236,13 @@ class SchedulerSide:
             if not st.pending.done:
                 if now < st.deadline:
                     return None
-                st.pending = None  # NOTE: late: still audited by the decision thread, never acted on
-                self.stats["late"] += 1
-                return 0
+                if st.pending.abandon("late"):
+                    # NOTE: still audited by the decision thread, never acted on; its allows are
+                    # reported ``late`` by the core when it finishes. Not abandoned: it finished
+                    # just now, and is taken below (one outcome either way).
+                    st.pending = None
+                    self.stats["late"] += 1
+                    return 0
             self._take(st, st.pending, m)
             st.pending = None
             st.deadline = now + self.settings.audit_wait_ms / 1000
@@ -240,38 +255,81 @@ class SchedulerSide:
         if not st.durable:
             if now < st.deadline and self.gov.audit_broken is None:
                 return None
-            self._not_realized(st, decision_id, "the allow decision is not durable in the audit log")
+            self._not_realized(
+                st,
+                "not_durable",
+                f"the allow decision is not durable in the audit log (SEMGOV_AUDIT_WAIT_MS="
+                f"{self.settings.audit_wait_ms})",
+            )
             return 0
         pieces = self._plan(st, st.chosen, st.donor, m)
         st.plan = (m, pieces)
         return sum(p.length for p in pieces)
 
+    def _skips_cache(self, st: _Req, m: int) -> int:
+        """A request that skips reading the prefix cache (prompt logprobs, or its own setting): vLLM
+        zeroes whatever the connector answers, without waiting for a ``None``. Its decision is still
+        made and audited, and abandoned at once: each allow is reported ``discarded_by_engine``."""
+        if self._matched(st, m) is None and st.pending is not None:  # NOTE: queued (or still waiting)
+            self._drop_pending(st, "discarded_by_engine", _SKIPS_CACHE)
+        elif st.chosen is not None:
+            self._not_realized(st, "discarded_by_engine", _SKIPS_CACHE)
+        return 0
+
+    def _drop_pending(self, st: _Req, reason: Reason, why: str) -> None:
+        """Stop waiting for the request's decision: abandoned (the core reports its allows when it
+        finishes) or, when it finished first, its allows reported here. One outcome either way."""
+        job, st.pending = st.pending, None
+        if job is None or job.abandon(reason, why):
+            return
+        for d in job.decisions:
+            if d.decision == "allow":
+                self.gov.not_realized(
+                    reason,
+                    request_id=st.label,
+                    decision_id=str(d.record["decision_id"]),
+                    donor_id=d.donor_id,
+                    detail=why,
+                )
+
     def _take(self, st: _Req, job: PendingDecision, m: int) -> None:
-        """The allowed donor (still in the store) whose plan from ``m`` loads the most."""
+        """The allowed donor (still in the store) whose plan from ``m`` loads the most; every other
+        allow says why it is not loaded (an allow that is not acted on is never a silent drop)."""
         self.stats["decided"] += 1
         best = 0
-        unloadable: tuple[SignedDecision, LiveDonor, str] | None = None
+        skipped: list[tuple[SignedDecision, LiveDonor, Reason, str]] = []
         for dec, (entry, _) in zip(job.decisions, job.candidates, strict=False):
             if dec.decision != "allow":
                 continue
             self.stats["allowed"] += 1
             if self.book.usable(entry.donor_id) == 0:
                 self.gov.drop_donor(entry.donor_id)  # NOTE: its KV left the store
-                unloadable = unloadable or (dec, entry, "the donor's KV left the connector's store")
+                skipped.append((dec, entry, "donor_evicted", "the donor's KV left the connector's store"))
                 continue
             k = sum(p.length for p in self._plan(st, dec, entry, m))
             if k > best:
+                if st.chosen is not None and st.donor is not None:
+                    skipped.append((st.chosen, st.donor, "another_donor_chosen", ""))
                 best, st.chosen, st.donor = k, dec, entry
-            elif k == 0 and unloadable is None:
+            elif k > 0:
+                skipped.append((dec, entry, "another_donor_chosen", ""))
+            else:
                 why = unloadable_reason(dec.approved_spans, m, self.block_size, self.settings)
-                unloadable = (dec, entry, why) if why is not None else None
-        if st.chosen is None and unloadable is not None:
-            # NOTE: an allow that is not acted on says why (it is decided, signed and audited, then
-            # nothing is loaded): never a silent drop.
-            dec, entry, why = unloadable
-            st.donor = entry
-            self.stats["unloadable"] = self.stats.get("unloadable", 0) + 1
-            self._not_realized(st, str(dec.record["decision_id"]), why)
+                if why is not None:
+                    self.stats["unloadable"] = self.stats.get("unloadable", 0) + 1
+                    skipped.append((dec, entry, "unrealizable_plan", why))
+                else:
+                    skipped.append((dec, entry, "prefix_cached", _PREFIX_CACHED.format(m=m)))
+        for dec, entry, code, why in skipped:
+            if code == "another_donor_chosen" and st.donor is not None:
+                why = f"donor {st.donor.donor_id} loads more ({best} tokens)"
+            self.gov.not_realized(
+                code,
+                request_id=st.label,
+                decision_id=str(dec.record["decision_id"]),
+                donor_id=entry.donor_id,
+                detail=why,
+            )
 
     def _plan(self, st: _Req, dec: SignedDecision, donor: LiveDonor, m: int) -> tuple[LoadPiece, ...]:
         """Approved, token-verified positions contiguous from ``m``, whole blocks, leaving the last
@@ -296,7 +354,12 @@ class SchedulerSide:
         """vLLM's ``update_state_after_alloc``: a load of ``num_external`` planned tokens."""
         try:
             st = self.reqs.get(str(request.request_id))
-            if st is None or num_external <= 0:
+            if st is None:
+                return
+            if num_external <= 0:
+                # NOTE: admitted without the load: a decision still pending can no longer be acted on
+                self._drop_pending(st, "discarded_by_engine", "vLLM admitted the request before its decision")
+                self._discarded(request, st)
                 return
             if st.plan is None or st.chosen is None or st.donor is None:
                 raise RuntimeError(f"vLLM allocated {num_external} external tokens semgov did not plan")
@@ -315,9 +378,31 @@ class SchedulerSide:
             # blocks (a load with no pieces) and vLLM recomputes them.
             get_logger().error("semgov vLLM connector: load planning failed", error=describe_error(e))
             st = self.reqs.get(str(request.request_id))
+            if st is not None and st.chosen is not None and not st.recipient:
+                self._not_realized(st, "hook_error", f"load planning failed: {describe_error(e)}")
             m = st.plan[0] if st is not None and st.plan is not None else 0
             ids = _block_ids(blocks)[m // self.block_size : -(-(m + num_external) // self.block_size)]
             self._loads.append(LoadOp(str(request.request_id), "", ids, ()))
+
+    def _discarded(self, request: Any, st: _Req) -> None:
+        """vLLM allocated the request with no external tokens after semgov answered a load: it
+        dropped the load (``skip_reading_prefix_cache``: prompt logprobs, echo with logprobs, or a
+        client's own setting; a sub-block local tail it keeps). Said once, unless already realized."""
+        planned = sum(p.length for p in st.plan[1]) if st.plan is not None else 0
+        if planned <= 0 or st.chosen is None or st.recipient:
+            return
+        skip = getattr(request, "skip_reading_prefix_cache", None) is True
+        self._not_realized(
+            st,
+            "discarded_by_engine",
+            f"vLLM took 0 of the {planned} tokens answered"
+            + (
+                ": the request skips reading the prefix cache (prompt logprobs, or its own setting)"
+                if skip
+                else ""
+            ),
+        )
+        st.plan = None
 
     # ---- each step -------------------------------------------------------------------------
 
@@ -376,12 +461,16 @@ class SchedulerSide:
             for rid, why in rep.failed.items():
                 sent = self._sent.pop(rid, None)
                 self.stats["failed_loads"] += 1
-                self.gov.event(
-                    "realization_failed",
-                    request_id=sent.label if sent else request_label(rid),
-                    decision_id=sent.decision_id if sent else None,
-                    donor_id=sent.donor_id if sent else None,
-                    detail=why[:500],
+                if sent is None:
+                    # NOTE: blocks no decision planned (load planning failed: reported there)
+                    get_logger().warning("semgov vLLM connector: unplanned blocks failed", error=why[:200])
+                    continue
+                self.gov.not_realized(
+                    "copy_failed",
+                    request_id=sent.label,
+                    decision_id=sent.decision_id,
+                    donor_id=sent.donor_id,
+                    detail=why,
                 )
             for key, why in rep.save_failed.items():
                 self.book.release(key)
@@ -412,14 +501,16 @@ class SchedulerSide:
             detail="vllm connector load",
         )
 
-    def _not_realized(self, st: _Req, decision_id: str, why: str) -> None:
-        self.gov.event(
-            "realization_failed",
-            request_id=st.label,
-            decision_id=decision_id,
-            donor_id=st.donor.donor_id if st.donor else None,
-            detail=why,
-        )
+    def _not_realized(self, st: _Req, reason: Reason, why: str) -> None:
+        """The chosen allow is not loaded (once: the request then has no chosen decision)."""
+        if st.chosen is not None:
+            self.gov.not_realized(
+                reason,
+                request_id=st.label,
+                decision_id=str(st.chosen.record["decision_id"]),
+                donor_id=st.donor.donor_id if st.donor else None,
+                detail=why,
+            )
         st.chosen = st.donor = None
 
     def finished(self, request: Any) -> tuple[bool, dict[str, Any] | None]:
@@ -428,6 +519,8 @@ class SchedulerSide:
             # NOTE: a load sent this step is audited when the step's report comes, which vLLM
             # hands over after finishing the step's requests: ``_sent`` outlives the request.
             st = self.reqs.pop(str(request.request_id), None)
+            if st is not None:
+                self._unfinished(st, request)
             if st is None or st.save_key is None:
                 return False, None
             ok = getattr(request.status, "name", "") in _FINISHED_OK
@@ -444,6 +537,13 @@ class SchedulerSide:
         except Exception as e:  # noqa: BLE001
             get_logger().error("semgov vLLM connector: request_finished failed", error=describe_error(e))
         return False, None
+
+    def _unfinished(self, st: _Req, request: Any) -> None:
+        """A request that finishes with a decision pending, or an allow chosen and never loaded."""
+        status = getattr(request.status, "name", "?")
+        self._drop_pending(st, "aborted", f"the request finished ({status}) before its decision")
+        if st.chosen is not None and not st.recipient:
+            self._not_realized(st, "aborted", f"the request finished ({status}) before the load")
 
     def reset(self) -> bool:
         """vLLM's ``reset_cache`` (``POST /reset_prefix_cache?reset_external=true``): every donor
@@ -466,6 +566,8 @@ class SchedulerSide:
 
 
 _UNSEALED = "vLLM's request has no block hashes to seal: reused KV would enter its prefix cache"
+_SKIPS_CACHE = "the request skips reading the prefix cache (prompt logprobs, or its own setting)"
+_PREFIX_CACHED = "vLLM's own prefix hit ({m} tokens) already holds every approved position"
 
 
 def unloadable_reason(spans: Any, m: int, block_size: int, settings: HookSettings) -> str | None:

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from semgov.audit.recovery_record import RECOVERY_SCHEMA
-from semgov.wire.names import ENGINE_EVENT_SCHEMAS, SHADOW_DECISION_SCHEMA, disagrees
+from semgov.wire.names import ENGINE_EVENT_SCHEMAS, SHADOW_DECISION_SCHEMA, disagrees, not_realized_reason
 from semgov.wire.timefmt import parse_rfc3339
 
 ShadowMode = Literal["include", "exclude", "only"]
@@ -154,6 +154,9 @@ class ShadowStats:
         self.policies[_policy(rec)] += 1
 
 
+UNCLASSIFIED = "(unclassified)"  # a realization_failed event whose detail has no reason code
+
+
 @dataclass
 class Stats:
     """Tallies over decision records, shadow decision records and engine events (``records``
@@ -170,6 +173,9 @@ class Stats:
     )  # period -> decision, "event" for engine events, "shadow" for shadow decisions
     engines: Counter[str] = field(default_factory=Counter)
     event_kinds: Counter[str] = field(default_factory=Counter)
+    # realization_failed events by their reason code (docs/formats.md "Allows not realized"),
+    # "(unclassified)" for one whose detail has none (written before the codes)
+    not_realized: Counter[str] = field(default_factory=Counter)
     materialized_tokens: int = 0
     shadow: ShadowStats = field(default_factory=ShadowStats)
 
@@ -178,6 +184,8 @@ class Stats:
         self.schemas[str(rec.get("schema"))] += 1
         if is_event(rec):
             self.event_kinds[str(rec.get("kind"))] += 1
+            if rec.get("kind") == "realization_failed":
+                self.not_realized[not_realized_reason(rec.get("detail")) or UNCLASSIFIED] += 1
             self.materialized_tokens += count_of(rec, "materialized_tokens")
             self.by_period[_bucket(record_time(rec), period)]["event"] += 1
             return

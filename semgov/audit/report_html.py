@@ -229,8 +229,13 @@ def _events(s: Summary) -> str:
         first.setdefault(r.kind, r.index)
     kinds = [f"<tr>{_linked(k, first.get(k))}{_n(v, f'event:{k}')}</tr>" for k, v in sorted(s.events.items())]
     out = _table(("engine event", "count"), kinds) if kinds else '<p class="muted">No engine event.</p>'
+    if s.not_realized:
+        out += "<h3>Allows not realized, by reason</h3>" + _table(
+            ("reason", "count"),
+            (f"<tr>{_t(k)}{_n(v, f'not_realized:{k}')}</tr>" for k, v in s.not_realized.most_common()),
+        )
     if s.failures:
-        out += "<h3>Realization failures by reason</h3>" + _table(
+        out += "<h3>Realization failures without a reason code, by detail</h3>" + _table(
             ("reason", "count"),
             (f"<tr>{_t(k)}{_n(v, f'failure:{k}')}</tr>" for k, v in s.failures.most_common()),
         )

@@ -18,8 +18,17 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from semgov.audit.query import count_of, disagreement, gates_of, is_event, is_shadow, record_time
+from semgov.audit.query import (
+    UNCLASSIFIED,
+    count_of,
+    disagreement,
+    gates_of,
+    is_event,
+    is_shadow,
+    record_time,
+)
 from semgov.audit.recovery_record import RECOVERY_KIND
+from semgov.wire.names import not_realized_reason
 
 MAX_CROSS_ROWS = 1000  # cross-boundary reuses listed in the page (all are counted)
 MAX_EVENT_ROWS = 500  # notable engine events listed (all are counted)
@@ -139,7 +148,9 @@ class Summary:
     )  # row (detail: rule), donor t/ns, policy
     policies: dict[tuple[str, str, str], PolicyRow] = field(default_factory=dict)
     events: Counter[str] = field(default_factory=Counter)
-    failures: Counter[str] = field(default_factory=Counter)  # realization failures by reason
+    failures: Counter[str] = field(default_factory=Counter)  # failures without a reason code, by detail head
+    # allows not realized by reason code (realization_failed events; "(unclassified)": no code)
+    not_realized: Counter[str] = field(default_factory=Counter)
     event_rows: list[Row] = field(default_factory=list)
     policy_events: list[Row] = field(default_factory=list)
     shadow: Counter[str] = field(default_factory=Counter)  # outcome, and "disagree"
@@ -227,7 +238,10 @@ class Summary:
             scope.realizations += 1
             scope.realized_tokens += count_of(rec, "materialized_tokens")
         elif kind == "realization_failed":
-            self.failures[detail.split(":")[0][:80] or "(no reason)"] += 1
+            code = not_realized_reason(detail)
+            self.not_realized[code or UNCLASSIFIED] += 1
+            if code is None:  # NOTE: written before the codes (or not about an allow): its own head
+                self.failures[detail.split(":")[0][:80] or "(no reason)"] += 1
         if kind in ("policy_loaded", "policy_load_failed") and len(self.policy_events) < MAX_EVENT_ROWS:
             self.policy_events.append(_row(index, rec, kind, detail))
         if kind in NOTABLE_EVENTS and len(self.event_rows) < MAX_EVENT_ROWS:

@@ -395,6 +395,8 @@ def _head(st: Stats) -> str:
     text += f"{st.decisions.total()} decisions: {_counts(st.decisions)}\n"
     text += (f"{st.event_kinds.total()} engine events: {_counts(st.event_kinds)} "
              f"({st.materialized_tokens} tokens materialized)\n")  # fmt: skip
+    if st.not_realized:
+        text += f"{st.not_realized.total()} allows not realized: {_counts(st.not_realized)}\n"
     text += "policies: " + ", ".join(f"{k} x{v}" for k, v in st.engines.most_common()) + "\n"
     return text + _shadow_lines(st)
 

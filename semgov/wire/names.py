@@ -51,3 +51,32 @@ def disagrees(decision: object, live_decision: object) -> bool:
     """Whether a shadow decision differs from the live one (no live decision counts as a deny:
     nothing was reused)."""
     return decision != (live_decision or "deny")
+
+
+# Why an allow decision was not realized: the machine-readable head of a ``realization_failed``
+# engine event's ``detail`` (``"<reason>: <text>"``), counted by ``semgov audit stats`` / ``report``
+# and by the hook's ``semgov:allows_not_realized_total{reason}``. docs/formats.md lists them.
+NOT_REALIZED_REASONS = (
+    "late",  # the decision came after the engine stopped waiting for it (SEMGOV_DECISION_TIMEOUT_MS)
+    "not_durable",  # its record was not durable in the audit log in time (SEMGOV_AUDIT_WAIT_MS)
+    "donor_evicted",  # the donor's KV left the engine (tree eviction, the connector's store)
+    "unrealizable_plan",  # the engine cannot load or copy what the plan approves
+    "prefix_cached",  # the engine's own prefix cache already holds every approved position
+    "another_donor_chosen",  # another allowed donor of the same request was realized instead
+    "unsealed",  # the engine could not keep the reused KV out of its prefix cache (vLLM)
+    "discarded_by_engine",  # the engine dropped the planned load (vLLM: prompt logprobs, ...)
+    "canary_off",  # canaries turned shifted reuse off for the scope: nothing left to copy
+    "reuse_disabled",  # semantic reuse was off (audit log broken, reuse disabled)
+    "copy_failed",  # the copy or load was attempted and failed (the engine recomputes)
+    "hook_error",  # the hook failed while planning it (a bug: logged)
+    "aborted",  # the request was aborted or finished before the reuse was made
+)
+
+
+def not_realized_reason(detail: object) -> str | None:
+    """The reason code heading a ``realization_failed`` event's detail, or None when it has none
+    (events written before the codes, or not about an allow)."""
+    if not isinstance(detail, str):
+        return None
+    head = detail.split(":", 1)[0].strip()
+    return head if head in NOT_REALIZED_REASONS else None

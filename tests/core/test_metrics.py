@@ -144,6 +144,8 @@ def test_every_exported_name_is_listed_and_every_listed_name_exported() -> None:
     )
     m.event("realization", 5, "")
     m.event("realization_failed", 0, "X: y")
+    m.event("realization_failed", 0, "late: decided in 900 ms")
+    m.warmup(True)
     m.shadow([{"decision": "deny"}], 1)
     m.reload("live", False)
     m.capture(True)

@@ -220,6 +220,7 @@ class VllmServer:
         timeout: float = 300.0,
         abort_after_first: bool = False,
         cache_salt: str | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> Reply:
         """A streamed completion of token ids; TTFT is the first chunk carrying a token. With
         ``abort_after_first`` the connection is closed at the first token (vLLM aborts the request)."""
@@ -229,6 +230,7 @@ class VllmServer:
             doc["kv_transfer_params"] = {"semgov_context": token}
         if cache_salt is not None:
             doc["cache_salt"] = cache_salt
+        doc.update(extra or {})  # other fields (prompt_logprobs needs "stream": False: then no TTFT)
         req = urllib.request.Request(
             self.url + "/v1/completions",
             data=json.dumps(doc).encode(),

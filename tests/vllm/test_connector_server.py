@@ -273,3 +273,34 @@ def test_hostile_context_fields_never_reach_past_the_connector(server: VllmServe
     label = by_client_id(audit, "hostile-after")
     assert label is not None and audit.realized.get(label) == 512
     assert server.fatal_lines() == []
+
+
+def test_an_allow_vllm_discards_for_prompt_logprobs_leaves_its_reason(server: VllmServer) -> None:
+    """A recipient asking for prompt logprobs is allowed, but vLLM skips reading any prefix cache
+    for it and drops the connector's load: the allow leaves a ``realization_failed`` event
+    ``discarded_by_engine: ...`` naming it, nothing is realized, and the metric counts it."""
+    p = pair_prompts("logprobs", e_len=1024)
+    d = server.complete(p.donor, "logprobs-d", server.token("acme", "ns", p.donor_segs))
+    # NOTE: vLLM does not wait for a request that skips the prefix cache (a ``None`` answer is 0):
+    # an ordinary recipient first, which waits for the donor's registration, so the one under test
+    # finds the donor registered and is decided.
+    probe = server.complete(p.recipient, "logprobs-probe", server.token("acme", "ns", p.recipient_segs))
+    assert probe.status == 200 and _realized(server, "logprobs-probe")[:2] == (1024, 1)
+    r = server.complete(
+        p.recipient,
+        "logprobs-r",
+        server.token("acme", "ns", p.recipient_segs),
+        extra={"stream": False, "prompt_logprobs": 1},
+    )
+    assert d.status == 200 and r.status == 200, (d.error, r.error)
+    audit = server.audit()
+    label = by_client_id(audit, "logprobs-r")
+    assert label is not None and audit.allowed(label) == 1 and audit.realized.get(label, 0) == 0
+    allow = next(x["decision_id"] for x in audit.decisions[label] if x["decision"] == "allow")
+    mine = [f for f in audit.failed if f["request_id"] == label]
+    assert [(f["decision_id"], str(f["detail"]).split(":")[0]) for f in mine] == [
+        (allow, "discarded_by_engine")
+    ]
+    assert "skips reading the prefix cache" in str(mine[0]["detail"])
+    m = server.metrics()
+    assert m.get("semgov:allows_not_realized_total", 0) >= 1

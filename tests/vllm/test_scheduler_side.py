@@ -11,6 +11,7 @@ before the side is imported (nothing else of vLLM is used by it).
 from __future__ import annotations
 
 import sys
+import threading
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -208,6 +209,7 @@ def test_an_allowed_recipients_blocks_are_sealed_out_of_vllms_prefix_cache(side:
     assert _ask(side, bare, 256) == 0
     side.gov.wait_idle()
     audit = summarize(read_audit(side.audit_dir))  # type: ignore[attr-defined]
+    assert [str(f["detail"]).split(":")[0] for f in audit.failed] == ["unsealed"]
     assert any("block hashes" in str(f["detail"]) for f in audit.failed)
 
 
@@ -235,7 +237,7 @@ def test_a_failed_load_is_audited_as_a_failed_realization(side: SchedulerSide) -
     side.gov.wait_idle()
     audit = summarize(read_audit(side.audit_dir))  # type: ignore[attr-defined]
     assert side.stats["failed_loads"] == 1 and audit.realized == {}
-    assert [f["detail"] for f in audit.failed] == ["RuntimeError: gone"]
+    assert [f["detail"] for f in audit.failed] == ["copy_failed: RuntimeError: gone"]
 
 
 @pytest.mark.parametrize(
@@ -346,3 +348,164 @@ def test_an_unloadable_allow_names_the_junction_token_that_breaks_the_run() -> N
         "128-token block, or its tokens differ from the donor's stored prompt"
     )
     assert unloadable_reason(spans, 512, 128, settings) is None  # type: ignore[arg-type]
+
+
+# ---- every allow not loaded says why (issue 32) ----------------------------------------------------
+
+GATE = threading.Event()  # the held provider's queries wait for it (warm-up queries never do)
+
+
+def held_minhash(**kwargs: Any) -> Any:
+    """The rig's provider, whose recipient queries wait for ``GATE``: a decision made late at will."""
+    from engine_hooks.core.providers.minhash import MinHashProvider
+    from engine_hooks.core.warmup import WARMUP_TENANT
+
+    class Held(MinHashProvider):
+        def query(self, scope: str, *a: Any, **kw: Any) -> Any:
+            if not scope.startswith(WARMUP_TENANT):
+                GATE.wait(60)
+            return super().query(scope, *a, **kw)
+
+    return Held(min_similarity=0.0, **kwargs)
+
+
+def _not_realized(side: SchedulerSide) -> list[tuple[str, str]]:
+    """(reason code, decision id) of every realization_failed event in the side's audit log."""
+    side.gov.wait_idle()
+    audit = summarize(read_audit(side.audit_dir))  # type: ignore[attr-defined]
+    return [(str(f["detail"]).split(":", 1)[0], str(f["decision_id"])) for f in audit.failed]
+
+
+def _allow_ids(side: SchedulerSide) -> list[str]:
+    audit = summarize(read_audit(side.audit_dir))  # type: ignore[attr-defined]
+    return [str(d["decision_id"]) for ds in audit.decisions.values() for d in ds if d["decision"] == "allow"]
+
+
+def _make_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **env: str) -> SchedulerSide:
+    """A side like the fixture's, with the decision thread unless ``env`` says otherwise."""
+    files = HookFiles.make(tmp_path / "hook")
+    base = {**files.env(), "SEMGOV_PROVIDER": "tests.sglang_server.cpu_plugin:permissive_minhash",
+            "SEMGOV_DETOKENIZER": "none", "SEMGOV_DECISION_PROCESS": "0",
+            "SEMGOV_ASYNC_REGISTRATION": "0"}  # fmt: skip
+    for k, v in {**base, **env}.items():
+        monkeypatch.setenv(k, v)
+    s = SchedulerSide(_config())
+    s.audit_dir = files.audit_dir  # type: ignore[attr-defined]
+    return s
+
+
+def test_a_late_allow_is_reported_late_by_the_core_when_it_finishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decision still running at SEMGOV_DECISION_TIMEOUT_MS is abandoned (the request runs cold);
+    when the decision thread finishes it with an allow, the core audits ``late`` for that allow and
+    counts it in semgov:allows_not_realized_total{reason="late"}."""
+    GATE.clear()
+    s = _make_side(
+        tmp_path,
+        monkeypatch,
+        SEMGOV_PROVIDER="tests.vllm.test_scheduler_side:held_minhash",
+        SEMGOV_DECISION_TIMEOUT_MS="50",
+    )
+    try:
+        p = pair_prompts("unit-late", e_len=512)
+        GATE.set()
+        _donor(s, p)
+        GATE.clear()
+        r = _req(p.recipient, GW.token("acme", "ns", p.recipient_segs))
+        assert _ask(s, r, 256) == 0 and s.stats["late"] == 1
+        GATE.set()
+        assert _not_realized(s) == [("late", x) for x in _allow_ids(s)] and _allow_ids(s)
+        assert s.gov.metrics.allows_not_realized.labels("late")._value.get() >= 1
+    finally:
+        GATE.set()
+        s.close()
+
+
+def test_a_load_vllm_discards_for_prompt_logprobs_is_reported(side: SchedulerSide) -> None:
+    """vLLM zeroes the connector's answer for a request that skips reading the prefix cache (prompt
+    logprobs): allocated with 0 external tokens after a load was answered, the allow is audited
+    ``discarded_by_engine``, once."""
+    p, r = _allowed(side, "unit-discard")
+    r.skip_reading_prefix_cache = True
+    blocks = NS(get_block_ids=lambda: (_blocks(len(p.recipient)),))
+    side.after_alloc(r, blocks, 0)
+    side.after_alloc(r, blocks, 0)
+    got = _not_realized(side)
+    assert [c for c, _ in got] == ["discarded_by_engine"] and got[0][1] in _allow_ids(side)
+    assert side._loads == []
+
+
+def test_a_request_finished_before_its_load_reports_its_allow_aborted(side: SchedulerSide) -> None:
+    """An answered load whose request finishes (aborted) before vLLM allocates it: ``aborted``."""
+    p, r = _allowed(side, "unit-aborted")
+    r.status = NS(name="FINISHED_ABORTED")
+    side.finished(r)
+    assert [c for c, _ in _not_realized(side)] == ["aborted"]
+
+
+def test_a_second_allowed_donor_is_reported_another_donor_chosen(side: SchedulerSide) -> None:
+    """Two donors allowed for one recipient: one is loaded, the other allow says
+    ``another_donor_chosen`` (each allow has its outcome)."""
+    p = pair_prompts("unit-two", e_len=512)
+    donors = [_req(p.donor, GW.token("acme", "ns", p.donor_segs)) for _ in range(2)]
+    for d in donors:
+        assert side.matched(d, 0) == (0, False)
+        _step(side, d, 0, len(p.donor), _blocks(len(p.donor)))
+    for d in donors:
+        side.finished(d)
+    side.gov.wait_registrations()
+    r = _req(p.recipient, GW.token("acme", "ns", p.recipient_segs))
+    assert _ask(side, r, 256) == 512
+    allows = _allow_ids(side)
+    got = _not_realized(side)
+    assert len(allows) == 2 and [c for c, _ in got] == ["another_donor_chosen"] and got[0][1] in allows
+
+
+def test_an_allow_vllms_own_prefix_hit_covers_is_reported_prefix_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's own hit already holds every approved position: nothing to load, ``prefix_cached``."""
+    s = _make_side(tmp_path, monkeypatch, SEMGOV_ASYNC_DECISIONS="0", SEMGOV_MIN_UNMATCHED_TOKENS="16")
+    try:
+        p = pair_prompts("unit-covered", e_len=512)
+        _donor(s, p)
+        r = _req(p.recipient, GW.token("acme", "ns", p.recipient_segs))
+        assert _ask(s, r, 768) == 0
+        assert [c for c, _ in _not_realized(s)] == ["prefix_cached"]
+    finally:
+        s.close()
+
+
+def test_every_unloadable_reason_is_a_code(side: SchedulerSide) -> None:
+    """The unloadable allows of a wrapper and a leading recompute are ``unrealizable_plan``; a
+    request without block hashes is ``unsealed``."""
+    test_an_allow_the_connector_cannot_load_is_audited_with_why(side)
+    codes = [c for c, _ in _not_realized(side)]
+    assert codes == ["unrealizable_plan", "unrealizable_plan"]
+
+
+@pytest.mark.parametrize("threaded", ["0", "1"])
+def test_a_request_skipping_the_prefix_cache_is_answered_0_and_its_allow_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threaded: str
+) -> None:
+    """vLLM zeroes the connector's answer for a request that skips reading the prefix cache (prompt
+    logprobs) without waiting for ``None``: the connector answers 0 at once, its decision is still
+    made and audited, and each allow is reported ``discarded_by_engine`` (inline, or by the core
+    once the decision thread finishes it)."""
+    s = _make_side(tmp_path, monkeypatch, SEMGOV_ASYNC_DECISIONS=threaded)
+    try:
+        p = pair_prompts(f"unit-skip-{threaded}", e_len=512)
+        _donor(s, p)
+        r = _req(p.recipient, GW.token("acme", "ns", p.recipient_segs))
+        r.skip_reading_prefix_cache = True
+        before = list(r.block_hashes)
+        assert s.matched(r, 256) == (0, False)
+        assert r.block_hashes == before  # nothing answered, nothing sealed
+        s.after_alloc(r, NS(get_block_ids=lambda: (_blocks(len(p.recipient)),)), 0)
+        assert s.gov.wait_idle() and s.gov.wait_idle()
+        got = _not_realized(s)
+        assert [c for c, _ in got] == ["discarded_by_engine"] and [d for _, d in got] == _allow_ids(s)
+        assert "skips reading the prefix cache" in str(summarize(read_audit(s.audit_dir)).failed[0]["detail"])  # type: ignore[attr-defined]
+    finally:
+        s.close()
