@@ -332,7 +332,7 @@ def test_an_unloadable_allow_names_the_junction_token_that_breaks_the_run() -> N
     """The spans a real chat prompt gets for a removed wrapper (SmolLM2 in a real vLLM server: the
     user-turn header is a prefix, one merged newline differs, the evidence follows shifted): the reason
     names where the run from vLLM's hit ends and where the next span starts, not a guess."""
-    from engine_hooks.vllm.scheduler_side import unloadable_reason
+    from engine_hooks.vllm.blocks import unloadable_reason
 
     spans = [
         {"kind": "prefix", "recipient_start": 0, "donor_start": 0, "length": 37, "recompute": 0},
@@ -373,7 +373,7 @@ def _not_realized(side: SchedulerSide) -> list[tuple[str, str]]:
     """(reason code, decision id) of every realization_failed event in the side's audit log."""
     side.gov.wait_idle()
     audit = summarize(read_audit(side.audit_dir))  # type: ignore[attr-defined]
-    return [(str(f["detail"]).split(":", 1)[0], str(f["decision_id"])) for f in audit.failed]
+    return [(str(f["detail"]).split(":", 1)[0], str(f["decision_id"])) for f in audit.failed + audit.not_chosen]
 
 
 def _allow_ids(side: SchedulerSide) -> list[str]:
