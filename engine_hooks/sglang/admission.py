@@ -98,7 +98,9 @@ class Admission:
             raise
         except Exception as e:  # noqa: BLE001 - any doubt: admit it, it runs cold
             self.checks.hook_error("hold", req, e)
-            st.pending, st.chosen = None, None
+            self.hook.abandon(st, "hook_error", f"holding the request failed: {type(e).__name__}")
+            self.hook.not_realized(st, "hook_error", f"holding the request failed: {type(e).__name__}")
+            st.chosen = None
             return False
         finally:
             st.sched_ns += time.perf_counter_ns() - t0
@@ -109,8 +111,10 @@ class Admission:
         if st.pending is not None:
             if now < st.deadline:
                 return True
-            # NOTE: late: the decision thread still finishes and audits it; it is never acted on.
-            st.pending = None
+            # NOTE: late: the decision thread still finishes and audits it; it is never acted on
+            # (one that finished since the collect above neither: every rank decides lateness alike).
+            why = f"not decided within SEMGOV_DECISION_TIMEOUT_MS ({hook.settings.decision_timeout_ms} ms)"
+            hook.abandon(st, "late", why)
             hook.stats["late_decisions"] += 1
             return False
         if st.chosen is None or st.durable:

@@ -205,6 +205,7 @@ class GovernedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
         if self.hook is None:
             return
         for _, st in self.hook.live():
+            self.hook.not_realized(st, "donor_evicted", "the tree was flushed before it was realized")
             st.chosen = None  # the donors' KV is gone
             st.private = None  # SGLang clears the allocator with the tree
         self.hook.gov.forget_all_donors()

@@ -116,6 +116,9 @@ class Checks:
         first = hook.reuse_disabled is None
         hook.reuse_disabled = reason
         if first:
-            for _, st in hook.live():
-                st.chosen, st.regions = None, ()
             hook.gov.event("reuse_disabled", detail=reason)
+            why = f"semantic reuse was turned off: {reason}"
+            for _, st in hook.live():
+                hook.abandon(st, "reuse_disabled", why)
+                hook.not_realized(st, "reuse_disabled", why)
+                st.chosen, st.regions = None, ()

@@ -22,6 +22,7 @@ from engine_hooks.core.plan import (
     recompute_leading,
     unrealizable_reason,
 )
+from engine_hooks.core.unrealized import Reason
 from engine_hooks.sglang.state import Hook, ReqState, Tree
 from engine_hooks.sglang.tp import Choice
 from semgov.decide import SignedDecision
@@ -128,7 +129,7 @@ class Decisions:
         hook.stats["allowed"] += c.allowed
         st.chosen, st.donor, st.donor_len = c.chosen, donor, c.donor_len
         st.spans = []
-        if st.chosen is None and c.allowed:
+        if c.allowed:
             self.unrealized(st, c, decisions, plans or {})
         if st.chosen is not None:
             known = plans.get(str(st.chosen.record["decision_id"])) if plans is not None else None
@@ -139,36 +140,50 @@ class Decisions:
     def unrealized(
         self, st: ReqState, c: Choice, decisions: list[SignedDecision], plans: dict[str, Spans]
     ) -> None:
-        """An allow that is not acted on says why (an engine event; a follower rank writes none)."""
-        hook = self.hook
+        """Every allow of the decision that is not the chosen one says why it is not acted on (an
+        engine event with its reason code; a follower rank writes none)."""
         live = dict(c.probed)
+        chosen = str(c.chosen.record["decision_id"]) if c.chosen is not None else None
         for dec in decisions:
-            if dec.decision != "allow":
+            decision_id = str(dec.record["decision_id"])
+            if dec.decision != "allow" or decision_id == chosen:
                 continue
             donor_id = str(dec.record["donor_id"])
-            if live.get(donor_id, 0) == 0:
-                why: str | None = "the donor's KV was evicted before its decision could be acted on"
+            if donor_id not in live:
+                reason: Reason = "unrealizable_plan"
+                why = "its donor was registered this round: tensor-parallel ranks use it from the next"
+            elif live[donor_id] == 0:
+                reason, why = (
+                    "donor_evicted",
+                    "the donor's KV was evicted before its decision could be acted on",
+                )
+            elif c.chosen is not None:
+                reason, why = "another_donor_chosen", f"donor {c.donor_id} realizes more"
             else:
-                cfg = hook.settings
-                spans = plans.get(str(dec.record["decision_id"]))
-                why = unrealizable_reason(
-                    dec.approved_spans,
-                    spans if spans is not None else self.copyable(dec, self.shifted_ok(st)),
-                    st.m0,
-                    max_regions=cfg.max_regions,
-                    min_region_tokens=cfg.min_region_tokens,
-                    page_size=self.tree.page_size,
-                )
-            if why is not None:
-                hook.count("unrealizable")
-                hook.gov.event(
-                    "realization_failed",
-                    request_id=st.label,
-                    decision_id=str(dec.record["decision_id"]),
-                    donor_id=donor_id,
-                    detail=why,
-                )
-            return
+                reason, why = self._why_not(st, dec, plans.get(decision_id))
+            self.hook.not_realized(st, reason, why, dec)
+
+    def _why_not(self, st: ReqState, dec: SignedDecision, spans: Spans | None) -> tuple[Reason, str]:
+        """Why a live donor's allow realizes nothing from the request's exact match."""
+        cfg = self.hook.settings
+        shifted_ok = self.shifted_ok(st)
+        why = unrealizable_reason(
+            dec.approved_spans,
+            spans if spans is not None else self.copyable(dec, shifted_ok),
+            st.m0,
+            max_regions=cfg.max_regions,
+            min_region_tokens=cfg.min_region_tokens,
+            page_size=self.tree.page_size,
+        )
+        if why is None:
+            return "prefix_cached", "the exact-prefix match already holds every approved position"
+        self.hook.count("unrealizable")
+        if not shifted_ok and any(s["kind"] == "shifted" for s in dec.approved_spans):
+            return (
+                "canary_off",
+                f"canaries turned shifted reuse off for its scope (or it is on probation): {why}",
+            )
+        return "unrealizable_plan", why
 
     def shifted_ok(self, st: ReqState) -> bool:
         """Whether the request may receive shifted KV: not where canaries turned shifted reuse off

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from engine_hooks.core.plan import Piece, plan_pieces
+from engine_hooks.core.unrealized import Reason
 from engine_hooks.sglang.checks import Checks
 from engine_hooks.sglang.kv_copy import copy_kv
 from engine_hooks.sglang.state import Hook, RealizationError, ReqState, Tree, int64
@@ -77,12 +78,16 @@ class Realizer:
             st.durable = hook.gov.decision_durable(decision_id, 0)  # NOTE: polled, never waited for
         if not st.durable:
             why = hook.audit_broken() or "not yet"
-            raise RealizationError(f"the allow decision is not durable in the audit log ({why})")
+            raise RealizationError(
+                f"the allow decision is not durable in the audit log ({why})", "not_durable"
+            )
         self._shifted_still_ok(st, req, pieces)
         d_len, node = tree.donor_path(st.donor)
         need = max(p.donor_start + p.length for p in pieces)
         if d_len < need:
-            raise RealizationError(f"the donor's live KV covers {d_len} tokens, {need} needed")
+            raise RealizationError(
+                f"the donor's live KV covers {d_len} tokens, {need} needed", "donor_evicted"
+            )
         # NOTE: the donor is pinned only while this call copies from it: eviction for the
         # allocation below must not take it, and nothing else ever holds a pin.
         pin = tree.lock(node)
@@ -120,7 +125,9 @@ class Realizer:
         if can is None or st.context is None or not any(p.shift for p in pieces):
             return
         if not can.shifted_ok(st.context, req):
-            raise RealizationError("shifted reuse was turned off for its scope since its decision was taken")
+            raise RealizationError(
+                "shifted reuse was turned off for its scope since its decision was taken", "canary_off"
+            )
 
     def agree(self, slots: torch.Tensor | None, err: BaseException | None) -> BaseException | None:
         """With TP, a realization stands only if every rank's copy of its shard succeeded (one
@@ -160,8 +167,9 @@ class Realizer:
         hook = self.hook
         st.chosen, st.regions = None, ()
         hook.stats["fallbacks"] += 1
-        hook.gov.event(
-            "realization_failed",
+        st.reported.add(decision_id)
+        hook.gov.not_realized(
+            e.reason if isinstance(e, RealizationError) else "copy_failed",
             request_id=st.label,
             decision_id=decision_id,
             donor_id=st.donor.donor_id if st.donor is not None else None,
@@ -196,9 +204,11 @@ class Realizer:
         )
         self.checks.check("realization", st)
 
-    def drop_plan(self, st: ReqState) -> None:
-        """The request runs cold from here: its realized slots (if not yet in its row) go back."""
+    def drop_plan(self, st: ReqState, reason: Reason = "hook_error", why: str = "the hook failed") -> None:
+        """The request runs cold from here: its realized slots (if not yet in its row) go back, and
+        its allow, if nothing of it was realized, says why."""
         self.release_private(st)
+        self.hook.not_realized(st, reason, why)
         st.chosen = None
 
     def release_private(self, st: ReqState) -> None:

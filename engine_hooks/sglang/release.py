@@ -74,6 +74,7 @@ class Release:
                 self.realizer.release_private(st)
                 if not req.kv.holds_kv:
                     self.hook.reqs.pop(st.serial, None)  # aborted while waiting: no release follows
+                    self.unrealized_at_end(st, aborted=True)
             if touched:
                 self.checks.check("abort", None)
         except InvariantViolation:
@@ -93,6 +94,7 @@ class Release:
             return
         hook.reqs.pop(st.serial, None)
         aborted = isinstance(req.finished_reason, FINISH_ABORT)
+        self.unrealized_at_end(st, aborted)
         if hook.canaries is not None and st.shifted and st.context is not None and not aborted:
             dec = st.chosen
             hook.canaries.offer(
@@ -118,6 +120,22 @@ class Release:
                     token_ids=array("q", req.origin_input_ids),
                     text=None,
                 )
+            )
+
+    def unrealized_at_end(self, st: ReqState, aborted: bool) -> None:
+        """The request is gone: a decision still pending is abandoned, and an allow it never
+        realized says why (aborted; otherwise nothing of its plan was copied before it finished)."""
+        hook = self.hook
+        if aborted:
+            hook.abandon(st, "aborted", "the request was aborted before its decision was acted on")
+            hook.not_realized(st, "aborted", "the request was aborted before its allow was realized")
+        else:
+            hook.abandon(st, "late", "the request finished before its decision was taken")
+            hook.not_realized(
+                st,
+                "unrealizable_plan",
+                "the request finished with nothing of its plan realized (no run planned at admission, "
+                "or its regions were given up)",
             )
 
     def submit_donor(self, spec: DonorSpec) -> None:

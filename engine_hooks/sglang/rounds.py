@@ -73,7 +73,7 @@ class Rounds:
             where = f"rank {tp.rank}: {why}" if why else f"a rank other than {tp.rank}"
             self.checks.turn_off(f"tensor-parallel ranks cannot follow one plan ({where})")
             for _, st in hook.live():
-                self.realizer.drop_plan(st)
+                self.realizer.drop_plan(st, "reuse_disabled", "tensor-parallel ranks cannot follow one plan")
         # NOTE: the round's cost is charged to the waiting requests it was for (shared evenly).
         cost = time.perf_counter_ns() - t0
         charged = [st for st in (state_of(r) for r in waiting) if st is not None]

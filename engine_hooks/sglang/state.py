@@ -29,6 +29,7 @@ from engine_hooks.core.governor import Governor
 from engine_hooks.core.plan import Piece, Region
 from engine_hooks.core.rope import RopeSpec
 from engine_hooks.core.settings import HookSettings
+from engine_hooks.core.unrealized import Reason, allows
 from engine_hooks.sglang.tp import FollowerGovernor, PendingDonors, TpLink
 from semgov.decide import SignedDecision
 
@@ -36,7 +37,11 @@ STATE_ATTR = "_semgov_state"
 
 
 class RealizationError(RuntimeError):
-    """Why an allowed reuse was not realized (the request then runs cold)."""
+    """Why an allowed reuse was not realized (the request then runs cold), with its reason code."""
+
+    def __init__(self, message: str, reason: Reason = "copy_failed") -> None:
+        super().__init__(message)
+        self.reason: Reason = reason
 
 
 @dataclass(slots=True)
@@ -79,6 +84,9 @@ class ReqState:
     regions_realized: int = 0
     shifted: bool = False  # it received shifted KV (a canary may replay it cold)
     canary: bool = False  # a canary's cold replay (engine_hooks.core.canary): no reuse, never a donor
+    # NOTE: allow decisions of this request that already have their "not realized" event (each
+    # allow gets one outcome: a realization, or one such event; engine_hooks.core.unrealized).
+    reported: set[str] = field(default_factory=set)
 
     def decision_id(self) -> str:
         """The chosen decision's id (a chosen decision is required)."""
@@ -176,6 +184,29 @@ class Hook:
 
     def audit_broken(self) -> str | None:
         return self.audit_seen if self.tp is not None else self.gov.audit_broken
+
+    def not_realized(self, st: ReqState, reason: Reason, why: str, dec: SignedDecision | None = None) -> None:
+        """Say why an allow of ``st`` (by default its chosen one) is not acted on: once per allow,
+        and for the chosen one only while nothing of it was realized (a follower rank writes none)."""
+        dec = dec if dec is not None else st.chosen
+        if dec is None or dec.decision != "allow":
+            return
+        decision_id = str(dec.record["decision_id"])
+        if decision_id in st.reported or (dec is st.chosen and st.realizations):
+            return
+        st.reported.add(decision_id)
+        self.count("allows_not_realized")
+        self.gov.not_realized(
+            reason, request_id=st.label, decision_id=decision_id, donor_id=dec.donor_id, detail=why
+        )
+
+    def abandon(self, st: ReqState, reason: Reason, why: str) -> None:
+        """Stop waiting for the request's pending decision: the core reports its allows when it
+        finishes; one that finished just now is not acted on either, and is reported here."""
+        job, st.pending = st.pending, None
+        if job is not None and not job.abandon(reason, why):
+            for dec in allows(job.decisions):
+                self.not_realized(st, reason, why, dec)
 
     def live(self) -> Iterator[tuple[Any, ReqState]]:
         """The requests the hook still tracks (waiting, running or retracted), with their state."""

@@ -292,6 +292,9 @@ class FollowerGovernor:
     def event(self, kind: str, **fields: Any) -> None:
         """Nothing: the leader audits every rank's shared story once."""
 
+    def not_realized(self, reason: str, **fields: Any) -> None:
+        """Nothing: the leader says why an allow was not acted on."""
+
     def wait_idle(self, timeout: float = 30.0) -> bool:
         return True
 

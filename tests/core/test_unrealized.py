@@ -131,8 +131,10 @@ def test_not_realized_writes_the_code_first_and_counts_it(tmp_path: Path) -> Non
     more in semgov:allows_not_realized_total{reason=<code>}."""
     gov = _governor(tmp_path)
     try:
+        counter = gov.metrics.allows_not_realized.labels("donor_evicted")
+        before = counter._value.get()  # NOTE: the process's registry: other tests count here too
         gov.not_realized("donor_evicted", request_id="r", decision_id="d", donor_id="x", detail="gone")
-        assert gov.metrics.allows_not_realized.labels("donor_evicted")._value.get() == 1
+        assert counter._value.get() == before + 1
     finally:
         gov.close()
     (ev,) = [r for r in read_audit(gov.settings.audit_dir) if r.get("kind") == "realization_failed"]

@@ -9,7 +9,9 @@ ends: the case SGLang's prefix model can realize.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 S_LEN, I_LEN, E_LEN, Q_LEN = 64, 16, 400, 20
 
@@ -134,3 +136,36 @@ def leaky_failing_detokenizer() -> object:
         return " ".join(f"w{t}" for t in ids)
 
     return detok
+
+
+# Reasons a fallback (a realization tried and failed) gives; one allow may see several (a retracted
+# recipient is realized again under its one decision, regions fail one by one).
+FALLBACK_REASONS = {"not_durable", "copy_failed", "donor_evicted", "canary_off"}
+
+
+def assert_every_allow_has_an_outcome(records: list[dict[str, Any]]) -> Counter[str]:
+    """The rule of engine_hooks.core.unrealized over an audit log: every allow decision record is
+    followed by a realization or a realization_failed event naming it; every realization_failed
+    event carries a reason code; an allow gets at most one event that is not a fallback's.
+    Returns the not-realized events by reason."""
+    from semgov.wire.names import DECISION_SCHEMA, not_realized_reason
+
+    allows = {
+        r["decision_id"] for r in records if r.get("schema") == DECISION_SCHEMA and r["decision"] == "allow"
+    }
+    outcomes: dict[str, list[str]] = {}
+    reasons: Counter[str] = Counter()
+    for r in records:
+        if r.get("kind") not in ("realization", "realization_failed"):
+            continue
+        code = "realized" if r["kind"] == "realization" else not_realized_reason(r.get("detail"))
+        assert code is not None, f"a realization_failed event without a reason code: {r.get('detail')!r}"
+        outcomes.setdefault(str(r["decision_id"]), []).append(code)
+        if code != "realized":
+            reasons[code] += 1
+    silent = sorted(allows - outcomes.keys())
+    assert not silent, f"{len(silent)} allow(s) of {len(allows)} with no outcome event: {silent[:5]}"
+    for decision_id, codes in outcomes.items():
+        once = [c for c in codes if c != "realized" and c not in FALLBACK_REASONS]
+        assert len(once) <= 1, (decision_id, codes)
+    return reasons

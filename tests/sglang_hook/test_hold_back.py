@@ -143,8 +143,15 @@ def test_a_late_decision_is_audited_but_the_request_runs_cold(
     h.run(rcp)
     assert rcp.prefix_len == S_LEN and not rcp.skip_radix_cache_insert  # cold past the exact match
     recs = h.records()
-    assert [r["decision"] for r in recs if r["schema"] == "semgov.decision/v3"] == ["allow"]
+    allows = [r for r in recs if r["schema"] == "semgov.decision/v3"]
+    assert [r["decision"] for r in allows] == ["allow"]
     assert not any(r.get("kind") == "realization" for r in recs)
+    # NOTE: the allow that was never acted on says why (reported by the core when it finished)
+    failed = [r for r in recs if r.get("kind") == "realization_failed"]
+    assert [(r["decision_id"], r["detail"].split(":")[0]) for r in failed] == [
+        (allows[0]["decision_id"], "late")
+    ]
+    assert "SEMGOV_DECISION_TIMEOUT_MS (50 ms)" in failed[0]["detail"]
     h.finish(rcp)
     h.assert_clean()
 
@@ -162,7 +169,8 @@ def test_an_allow_not_durable_in_time_is_let_through_and_audited_as_a_fallback(
     assert rcp.prefix_len == S_LEN
     assert h.tree.stats["not_durable_in_time"] == 1
     failed = [r for r in h.records() if r.get("kind") == "realization_failed"]
-    assert len(failed) == 1 and "not durable" in failed[0]["detail"]
+    assert len(failed) == 1 and failed[0]["detail"].startswith("not_durable: ")
+    assert "not durable" in failed[0]["detail"]
     h.finish(rcp)
     h.assert_clean()
 
@@ -571,6 +579,35 @@ def test_an_allow_with_nothing_realizable_is_audited_with_why(make_harness: Any)
     h.tree.gov.audit.flush()
     failed = [r for r in h.records() if r.get("kind") == "realization_failed"]
     assert [r["request_id"] for r in failed] == [st.label]
+    assert failed[0]["detail"].startswith("unrealizable_plan: ")
     assert f"starts at {S_LEN + 24}, after fresh tokens" in failed[0]["detail"]
     assert "SEMGOV_MAX_REGIONS is 0" in failed[0]["detail"]
+    h.assert_clean()
+
+
+def test_every_allow_has_one_outcome_realized_another_donor_or_aborted(make_harness: Any) -> None:
+    """Two live, allowed donors of one evidence: the realized allow has its realization, the other
+    says another_donor_chosen; a recipient aborted after its decision says aborted for its allow."""
+    from tests.sglang_hook.scenario import assert_every_allow_has_an_outcome
+
+    h = make_harness()
+    b = blocks()
+    run_donor(h, b, rid="donor-1")
+    run_donor(h, b, rid="donor-2")  # NOTE: the same prompt again: its exact match covers it, a donor too
+    h.settle()
+    assert h.tree.stats["donors_registered"] == 2
+    rcp = new_recipient(h, b)
+    h.run(rcp)
+    assert rcp.skip_radix_cache_insert and h.tree.stats["realizations"] == 1
+    h.finish(rcp)
+    gone = new_recipient(h, b, rid="rcp-aborted")
+    h.match(gone)
+    st = state_of(gone)
+    assert st is not None and st.chosen is not None
+    h.abort_waiting(gone)
+    recs = h.records()
+    reasons = assert_every_allow_has_an_outcome(recs)
+    assert reasons == {"another_donor_chosen": 2, "aborted": 1}
+    aborted = [r for r in recs if r.get("detail", "").startswith("aborted")]
+    assert [r["request_id"] for r in aborted] == [st.label] and aborted[0]["decision_id"] == st.decision_id()
     h.assert_clean()

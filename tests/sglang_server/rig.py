@@ -622,7 +622,10 @@ class AuditSummary:
     decisions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     realized: dict[str, int] = field(default_factory=dict)
     realizations: list[dict[str, Any]] = field(default_factory=list)
-    failed: list[dict[str, Any]] = field(default_factory=list)
+    failed: list[dict[str, Any]] = field(default_factory=list)  # allows not acted on, fallbacks
+    # NOTE: allows of a request for a donor other than the one realized (another_donor_chosen):
+    # their outcome is known when the decision is taken, before the chosen one's realization.
+    not_chosen: list[dict[str, Any]] = field(default_factory=list)
     violations: list[dict[str, Any]] = field(default_factory=list)
     canaries: list[dict[str, Any]] = field(default_factory=list)  # canary and shifted_reuse_disabled
     reloads: list[dict[str, Any]] = field(default_factory=list)  # policy_loaded and policy_load_failed
@@ -637,6 +640,8 @@ class AuditSummary:
 
 
 def summarize(records: list[dict[str, Any]]) -> AuditSummary:
+    from semgov.wire.names import not_realized_reason
+
     s = AuditSummary()
     for r in records:
         schema = r.get("schema")
@@ -651,7 +656,8 @@ def summarize(records: list[dict[str, Any]]) -> AuditSummary:
                 s.realized[rid] = s.realized.get(rid, 0) + int(r["materialized_tokens"])
                 s.realizations.append(r)
             elif kind == "realization_failed":
-                s.failed.append(r)
+                other = not_realized_reason(r.get("detail")) == "another_donor_chosen"
+                (s.not_chosen if other else s.failed).append(r)
             elif kind in ("invariant_violation", "reuse_disabled"):
                 s.violations.append(r)
             elif kind in ("canary", "shifted_reuse_disabled"):
