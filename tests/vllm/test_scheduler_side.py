@@ -373,7 +373,9 @@ def _not_realized(side: SchedulerSide) -> list[tuple[str, str]]:
     """(reason code, decision id) of every realization_failed event in the side's audit log."""
     side.gov.wait_idle()
     audit = summarize(read_audit(side.audit_dir))  # type: ignore[attr-defined]
-    return [(str(f["detail"]).split(":", 1)[0], str(f["decision_id"])) for f in audit.failed + audit.not_chosen]
+    return [
+        (str(f["detail"]).split(":", 1)[0], str(f["decision_id"])) for f in audit.failed + audit.not_chosen
+    ]
 
 
 def _allow_ids(side: SchedulerSide) -> list[str]:
