@@ -115,7 +115,9 @@ class DeviceLayout:
         s = slots.detach().to("cpu", torch.int64)
         if s.numel() and (int(s.min()) < 0 or int(s.max()) >= layer.shape[0] * self.block_size):
             raise ValueError(f"slots outside the cache's {layer.shape[0]} blocks")
-        return s.to(layer.device)
+        if layer.device.type == "cuda":  # NOTE: from pinned memory the copy does not block the host
+            return s.pin_memory().to(layer.device, non_blocking=True)
+        return s
 
     def _offsets(self, layer: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         s = self._check(layer, slots)

@@ -67,8 +67,7 @@ def _kv(n: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tens
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("name", sorted(PERMS))
 def test_every_layout_round_trips_what_the_flash_writer_wrote(name: str, dtype: torch.dtype) -> None:
-    """In each layout and dtype, every layer: gather returns exactly the K/V written at random slots
-    (padding slot skipped), and scatter rebuilds the writer's bytes without touching other layers."""
+    """Each layout and dtype, every layer: gather reads back what the writer wrote, scatter its bytes."""
     views = _views(PERMS[name], dtype)
     write = flash_reference_writer(D)
     layout = learn_device_layout(write, views[1], H, D, "FLASH_ATTN")
@@ -88,8 +87,7 @@ def test_every_layout_round_trips_what_the_flash_writer_wrote(name: str, dtype: 
 
 
 def test_a_head_outer_layout_is_refused_naming_the_setting() -> None:
-    """LHBNC (heads outside blocks: a block is not one window of memory) is refused, naming
-    VLLM_KV_CACHE_LAYOUT and the layouts that work."""
+    """LHBNC (a block is not one memory window) is refused, naming VLLM_KV_CACHE_LAYOUT."""
     views = _views((0, 2, 1, 3, 4), torch.bfloat16)
     with pytest.raises(LayoutError, match="VLLM_KV_CACHE_LAYOUT=LBNHC"):
         learn_device_layout(flash_reference_writer(D), views[0], H, D, "FLASH_ATTN")
@@ -133,16 +131,14 @@ def _block_variant(key: torch.Tensor, value: torch.Tensor, kv: torch.Tensor, slo
     ],
 )
 def test_a_writer_that_is_not_a_block_bijection_is_refused(writer: Any, why: str) -> None:
-    """Writing outside its block, losing a dimension, V over K, writing nothing, or a layout that
-    differs between blocks: LayoutError saying which (reuse stays off), never a wrong layout."""
+    """A writer that is not a bijection on its block is refused with LayoutError saying how."""
     view = _views(PERMS["LBNHC"], torch.float32)[0]
     with pytest.raises(LayoutError, match=why):
         learn_device_layout(writer, view, H, D, "FLASH_ATTN")
 
 
 def test_unsupported_backends_and_quantized_caches_are_refused_by_name() -> None:
-    """A backend outside FLASH_ATTN/FLASHINFER/TRITON_ATTN/CPU_ATTN is refused naming it and
-    --attention-backend; an fp8 cache naming --kv-cache-dtype auto; mixed backends too."""
+    """Unsupported, mixed backends and fp8 caches are refused, naming the setting to change."""
     with pytest.raises(BackendRefused, match=r"FLEX_ATTENTION.*--attention-backend FLASH_ATTN"):
         check_backend("FLEX_ATTENTION", "auto")
     with pytest.raises(BackendRefused, match=r"fp8.*--kv-cache-dtype auto"):
@@ -172,9 +168,7 @@ def _fake_layer(name: str, shares: str | None, calls: list[str]) -> Any:
 
 
 def test_the_layers_own_cache_update_is_the_writer_and_a_sharing_layer_is_skipped() -> None:
-    """learn_for_layers learns through layer.impl.do_kv_cache_update (what vLLM calls each forward),
-    only the first layer that writes its own cache (not one sharing another's); the result serves
-    every layer."""
+    """The layer's own do_kv_cache_update is the writer; a layer sharing another's cache is skipped."""
     views = _views(PERMS["BLNHC"], torch.bfloat16)
     calls: list[str] = []
     layers = {"l0": _fake_layer("l0", "l1", calls), "l1": _fake_layer("l1", None, calls)}
@@ -191,8 +185,7 @@ def test_the_layers_own_cache_update_is_the_writer_and_a_sharing_layer_is_skippe
 
 
 def test_slots_outside_the_cache_and_a_foreign_view_are_refused_before_any_write() -> None:
-    """A slot past the last block raises ValueError and a view with other strides LayoutError, both
-    checked on the host (on a GPU a bad index is a device-side assert) and nothing is written."""
+    """Out-of-range slots and a view with other strides are refused on the host, nothing written."""
     nhd, hnd = _views(PERMS["LBNHC"], torch.float32), _views(PERMS["LBHNC"], torch.float32)
     layout = learn_device_layout(flash_reference_writer(D), nhd[0], H, D, "FLASH_ATTN")
     kv = torch.ones(1, 2, H, D)
@@ -204,9 +197,7 @@ def test_slots_outside_the_cache_and_a_foreign_view_are_refused_before_any_write
 
 
 def test_a_shifted_load_re_rotates_keys_in_a_gpu_layout() -> None:
-    """Donor K/V at positions 0..47 gathered from an NHD cache, keys re-rotated by +37 (not a block
-    multiple) and scattered into other blocks: keys equal RoPE at the new positions (fp32, 1e-5),
-    values bit-equal."""
+    """A load shifted by 37 into an NHD cache equals a cold prefill there: keys to 1e-5, values exact."""
     rope = RopeSpec(rotary_dim=D, head_dim=D, base=10000.0, is_neox_style=True)
     views = _views(PERMS["LBNHC"], torch.float32, blocks=12)
     write = flash_reference_writer(D)
@@ -326,9 +317,7 @@ def in_vllm() -> dict[str, Any]:
 
 
 def test_vllms_own_allocation_round_trips_in_every_layout_and_kernel_block(in_vllm: dict[str, Any]) -> None:
-    """Views made by vLLM's create_kv_cache_views for all six KVCacheLayouts, whole 32-token blocks
-    and 16-token kernel blocks: learned and round-tripped on every layer, except LHBNC (refused by
-    name) and splits vLLM itself refuses for block-outer layouts."""
+    """vLLM's create_kv_cache_views, all six layouts, whole and kernel-split blocks: learned or refused."""
     learned = {k: v for k, v in in_vllm.items() if k.split("/")[0] in (*PERMS, "LHBNC")}
     for name in PERMS:
         assert learned[f"{name}/None"] == "ok N=32", learned
@@ -343,22 +332,17 @@ def test_vllms_own_allocation_round_trips_in_every_layout_and_kernel_block(in_vl
 
 
 def test_vllms_triton_cache_kernel_is_learned_and_matches_the_reference(in_vllm: dict[str, Any]) -> None:
-    """vLLM 0.32's triton_reshape_and_cache_flash (TRITON_ATTN's writer; the kernel it launches on a
-    GPU, here interpreted) in NHD, HND and block-outer layouts, bf16 and fp16: learned, round-trips,
-    and the layout equals the one learned through the reference writer."""
+    """vLLM's Triton cache kernel, interpreted on CPU, gives the reference writer's layout and round-trips."""
     tri = {k: v for k, v in in_vllm.items() if k.startswith("triton/")}
     assert len(tri) == 6 and set(tri.values()) == {"same"}, tri
 
 
 def test_vllms_cpu_kernel_through_the_device_learner_matches_the_cpu_learner(in_vllm: dict[str, Any]) -> None:
-    """The CPU backend's writer, wrapped as a layer writer, gives the same layout as layout.py's
-    learner (one learner can serve CPU and GPU), bf16 and fp32."""
+    """vLLM's CPU writer through the device learner gives layout.py's layout (bf16, fp32)."""
     assert in_vllm["cpu/torch.bfloat16"] == "same" and in_vllm["cpu/torch.float32"] == "same", in_vllm
 
 
 def test_the_installed_backends_still_write_the_way_the_reference_does(in_vllm: dict[str, Any]) -> None:
-    """FLASH_ATTN's, FLASHINFER's and TRITON_ATTN's do_kv_cache_update in the installed vLLM split
-    the layer view with transpose(1, 2).split and call a reshape_and_cache_flash writer: an upgrade
-    that changes either fails here."""
+    """FLASH_ATTN, FLASHINFER, TRITON_ATTN source still splits the view and calls reshape_and_cache_flash."""
     for name in ("flash_attn", "flashinfer", "triton_attn"):
         assert in_vllm[f"src/{name}"] == [True, True], (name, in_vllm[f"src/{name}"])
