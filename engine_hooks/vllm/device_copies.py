@@ -5,17 +5,20 @@ prototype; not yet wired into :mod:`engine_hooks.vllm.worker_side`).
 - **Saves** (``wait_for_save``, after the forward): the save stream first waits, on the device,
   for everything already queued on the compute stream (the forward that computed the rows), then
   gathers the donor positions (:class:`~engine_hooks.vllm.device_layout.DeviceLayout`) and copies
-  them into the entry's host rows (``non_blocking``); an event is recorded. The entry is reported
-  complete (:meth:`CopyEngine.poll`, from ``build_connector_worker_meta``) only once every save
-  event of it has completed, so the scheduler's book marks a donor usable only when its rows are
-  really there; nobody waits for it.
-- **The next forward** (:meth:`CopyEngine.before_forward`, from ``start_load_kv``) makes the
-  compute stream wait, on the device, for the saves still in flight: vLLM may hand a finished
-  donor's blocks to another request, and its writes must not overtake the save reading them.
-- **Loads** (``start_load_kv``): on the load stream, the donor rows are copied to the device,
-  keys of shifted pieces re-rotated there, and scattered into the recipient's blocks; the compute
-  stream waits for the load's event on the device. Everything that can fail is checked on the
-  host before the first enqueue (a device error is not an exception one can recover from).
+  them into the entry's host rows (``non_blocking``); an event is recorded, and the compute
+  stream waits for it on the device: vLLM may hand a finished donor's blocks to another request
+  (zeroing them, writing them) at the next step, and that work must not overtake the save reading
+  them. (vLLM 0.32 calls ``start_load_kv`` *after* launching the forward on steps without
+  synchronous loads, so a guard placed there would come too late.) The entry is reported complete
+  (:meth:`CopyEngine.poll`, from ``build_connector_worker_meta``) only once every save event of
+  it has completed, so the scheduler's book marks a donor usable only when its rows are really
+  there; nobody waits for it.
+- **Loads** (``start_load_kv``, before the forward on a step with synchronous loads): the load
+  stream waits on the device for the compute stream (vLLM zeroes newly allocated blocks there,
+  just before), then the donor rows are copied to the device, keys of shifted pieces re-rotated
+  there, and scattered into the recipient's blocks; the compute stream waits for the load's event
+  on the device. Everything that can fail is checked on the host before the first enqueue (a
+  device error is not an exception one can recover from).
 - **Drops**: an entry with saves in flight is retired, kept alive until its events completed (its
   pinned memory must not be reused under a running copy), and freed at a later poll.
 
@@ -158,14 +161,10 @@ class CopyEngine:
                 rows = self.layout.gather(cache, slots)
                 entry.rows[layer][start:end].copy_(rows, non_blocking=True)
                 keep.append(rows)
-        entry.pending.append((self.streams.record("save"), keep))
+        event = self.streams.record("save")
+        self.streams.compute_waits(event)  # NOTE: later writes to these blocks wait for the save
+        entry.pending.append((event, keep))
         entry.saved = end
-
-    def before_forward(self) -> None:
-        """The compute stream waits (on the device) for every save still in flight."""
-        for entry in (*self.entries.values(), *self.retiring):
-            for event, _ in entry.pending:
-                self.streams.compute_waits(event)
 
     def poll(self) -> list[str]:
         """Entries newly complete (every position saved and every save event done); frees retired
@@ -203,6 +202,7 @@ class CopyEngine:
                 raise RuntimeError("a shifted piece, and this model's RoPE cannot be re-rotated exactly")
             if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= limit):
                 raise RuntimeError("recipient slots outside the cache")
+        self.streams.after_compute("load")  # NOTE: after vLLM zeroed the recipient's new blocks
         with self.streams.on("load"):
             for layer, cache in enumerate(self.caches.values()):
                 for slots, d0, shift in pieces:

@@ -1,7 +1,7 @@
 """The connector's copy protocol for GPU workers (engine_hooks.vllm.device_copies), tested on CPU
 with streams whose events complete only when a test says so: nothing is reported complete before
-its copies are, the next forward waits on the device (never the host) for saves in flight, loads
-are checked before anything is enqueued, and dropped entries outlive their copies (issue 33)."""
+its copies are, every wait is a device-side one (never the host), loads are checked before
+anything is enqueued, and dropped entries outlive their copies (issue 33)."""
 
 from __future__ import annotations
 
@@ -90,30 +90,21 @@ def test_a_donor_is_complete_only_when_every_save_event_is() -> None:
         assert torch.equal(eng.entries["d"].rows[i], layout.gather(c, slots))
 
 
-def test_saves_follow_the_forward_and_the_next_forward_waits_for_them_on_the_device() -> None:
-    """A save waits for the forward on the device, and the next forward waits for the save."""
+def test_a_save_follows_the_forward_and_later_compute_work_waits_for_it_on_the_device() -> None:
+    """A save waits for the forward on the device; the compute stream then waits for the save."""
     s = ManualStreams()
     eng, _, _ = _setup(s)
     eng.save("d", torch.arange(8), 0, 8)
-    assert s.log == ["after_compute:save", "on:save", "record:save"]
-    eng.before_forward()
-    assert s.log[-1] == "compute_waits:save"
-    s.finish()
-    eng.poll()
-    n = len(s.log)
-    eng.before_forward()
-    assert len(s.log) == n  # nothing left to wait for
+    assert s.log == ["after_compute:save", "on:save", "record:save", "compute_waits:save"]
 
 
 def test_a_dropped_entry_outlives_its_copies_in_flight() -> None:
-    """A dropped entry with a save in flight is kept (and waited for) until its event completes."""
+    """A dropped entry with a save in flight is kept until its event completes, then freed."""
     s = ManualStreams()
     eng, _, _ = _setup(s)
     eng.save("d", torch.arange(8), 0, 8)
     eng.drop("d")
     assert "d" not in eng.entries and len(eng.retiring) == 1
-    eng.before_forward()
-    assert s.log[-1] == "compute_waits:save"
     assert eng.poll() == [] and len(eng.retiring) == 1
     s.finish()
     assert eng.poll() == [] and eng.retiring == []
@@ -130,7 +121,7 @@ def test_a_shifted_load_lands_re_rotated_and_the_forward_waits_for_it() -> None:
     stored = [r.clone() for r in eng.entries["d"].rows]
     dest = torch.arange(5 * N + 5, 5 * N + 5 + 32)
     eng.load("d", [(dest, 0, 5)])
-    assert s.log[-3:] == ["on:load", "record:load", "compute_waits:load"]
+    assert s.log[-4:] == ["after_compute:load", "on:load", "record:load", "compute_waits:load"]
     for i, c in enumerate(caches.values()):
         got = layout.gather(c, dest)
         assert torch.equal(got[:, 1], stored[i][:, 1])
@@ -160,7 +151,7 @@ def test_a_load_is_refused_before_anything_is_enqueued(case: str, why: str) -> N
     }.get(case, torch.arange(64, 80))
     with pytest.raises(RuntimeError, match=why):
         eng.load("d", [(dest, 0, 3)])
-    assert "on:load" not in s.log
+    assert "on:load" not in s.log and "after_compute:load" not in s.log
     assert all(torch.equal(a, b) for a, b in zip(before, caches.values(), strict=True))
 
 
