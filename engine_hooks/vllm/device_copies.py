@@ -1,6 +1,6 @@
 """The worker side's copies on a GPU, without waiting: donor rows held in (pinned) host memory,
-saves and loads enqueued on side streams, completion seen by polling events (issue 33 design,
-prototype; not yet wired into :mod:`engine_hooks.vllm.worker_side`).
+saves and loads enqueued on side streams, completion seen by polling events (issue 33; used by
+:mod:`engine_hooks.vllm.worker_side`; tested on CPU only, never run on a GPU yet).
 
 - **Saves** (``wait_for_save``, after the forward): the save stream first waits, on the device,
   for everything already queued on the compute stream (the forward that computed the rows), then

@@ -63,6 +63,7 @@ LayerWriter = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
 SUPPORTED_BACKENDS = ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "CPU_ATTN")
 # What selects one: vLLM 0.32's --attention-backend (AttentionConfig.backend; VLLM_ATTENTION_BACKEND is gone).
 SELECT_HINT = "start vLLM with --attention-backend FLASH_ATTN (or FLASHINFER, TRITON_ATTN)"
+CPU_HINT = "start vLLM with --attention-backend CPU_ATTN"  # NOTE: vLLM's CPU build
 _UNQUANTIZED = ("auto", "float16", "bfloat16", "float32")
 
 _DIGIT = 128  # codes are base-128 digits: integers below 128 are exact in bf16, fp16 and fp32
@@ -74,12 +75,14 @@ class BackendRefused(LayoutError):
     """The attention backend or cache dtype is one the connector does not support (reuse stays off)."""
 
 
-def check_backend(backend: str, kv_cache_dtype: str) -> None:
-    """Raise :class:`BackendRefused` unless ``backend`` is supported with an unquantized cache."""
+def check_backend(backend: str, kv_cache_dtype: str, device_type: str = "cuda") -> None:
+    """Raise :class:`BackendRefused` unless ``backend`` is supported with an unquantized cache; the
+    message names the backend and the setting that selects a supported one on ``device_type``."""
     if backend not in SUPPORTED_BACKENDS:
+        hint = CPU_HINT if device_type == "cpu" else SELECT_HINT
         raise BackendRefused(
             f"attention backend {backend} is not supported by semgov's vLLM connector "
-            f"(supported: {', '.join(SUPPORTED_BACKENDS)}); {SELECT_HINT}"
+            f"(supported: {', '.join(SUPPORTED_BACKENDS)}); {hint}"
         )
     if kv_cache_dtype not in _UNQUANTIZED:
         raise BackendRefused(
@@ -338,7 +341,7 @@ def learn_for_layers(
     if len(names) != 1:
         raise BackendRefused(f"layers use several attention backends {sorted(names)}; {SELECT_HINT}")
     backend = names.pop()
-    check_backend(backend, kv_cache_dtype)
+    check_backend(backend, kv_cache_dtype, next(iter(caches.values())).device.type)
     geometry = {(tuple(t.shape[1:]), tuple(t.stride()), t.dtype, t.device) for t in caches.values()}
     if len(geometry) != 1:
         raise LayoutError(f"{len(geometry)} different KV cache view geometries across layers")

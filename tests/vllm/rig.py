@@ -81,6 +81,7 @@ class VllmServerConfig:
     kv_dump: bool = False
     eager: bool = False  # --enforce-eager: no torch.compile warm-up (a faster start; tests)
     dtype: str | None = None  # --dtype; None: vLLM's default for the model
+    kv_cache_dtype: str | None = None  # --kv-cache-dtype; None: vLLM's default ("auto")
     startup_timeout_s: float = 600.0
 
     def args(self, port: int) -> list[str]:
@@ -98,6 +99,8 @@ class VllmServerConfig:
             a += ["--enforce-eager"]
         if self.dtype is not None:
             a += ["--dtype", self.dtype]
+        if self.kv_cache_dtype is not None:
+            a += ["--kv-cache-dtype", self.kv_cache_dtype]
         if self.max_num_seqs is not None:
             a += ["--max-num-seqs", str(self.max_num_seqs)]
         return a
