@@ -13,6 +13,11 @@ or :class:`LayoutError` is raised and the connector reuses nothing.
 
 Codes are small integers (< 128), exact in every float type the kernel takes (bf16, fp16, fp32);
 a quantized (fp8) cache is refused.
+
+NOTE: the worker side learns through :mod:`engine_hooks.vllm.device_layout` (every supported
+backend, any of vLLM's cache layouts, any device; issue 33). This module keeps :class:`LayoutError`,
+vLLM's CPU kernel as a writer (:func:`cpu_cache_writer`), and the first, CPU-only learner, which
+the tests hold the device learner to on vLLM's CPU kernel.
 """
 
 from __future__ import annotations

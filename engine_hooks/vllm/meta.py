@@ -3,7 +3,8 @@
 Scheduler -> worker (:class:`StepPlan`, vLLM's connector metadata): donor KV to save from the
 paged cache into the connector's store, approved KV to load from the store into a recipient's
 blocks, and store entries to drop. Worker -> scheduler (:class:`WorkerReport`, vLLM's worker
-metadata): what was loaded or failed, and saves that failed.
+metadata): what was loaded or failed, store entries whose every position is now saved (a donor
+is registered only then), saves that failed, and, once, why the worker turned reuse off.
 
 NOTE: plain values only (ints, strings, tuples): with a multi-process executor vLLM serializes
 both; nothing here refers to a tensor or a vLLM object.
@@ -70,19 +71,26 @@ class StepPlan(KVConnectorMetadata):  # type: ignore[misc]  # vLLM is untyped he
 @dataclass
 class WorkerReport(KVConnectorWorkerMetadata):  # type: ignore[misc]
     """What the worker did with a step's plan: ``loaded`` (req_id -> tokens), ``failed`` (req_id ->
-    why; vLLM recomputes those blocks) and ``save_failed`` (store key -> why)."""
+    why; vLLM recomputes those blocks), ``saved`` (store key -> how many workers report every
+    position of the entry saved, its copies complete), ``save_failed`` (store key -> why) and
+    ``reuse_off`` (set once, after ``register_kv_caches``: why this worker cannot reuse KV at all)."""
 
     loaded: dict[str, int] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
     save_failed: dict[str, str] = field(default_factory=dict)
+    saved: dict[str, int] = field(default_factory=dict)
+    reuse_off: str = ""
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
-        """Several workers' reports (tensor parallel): a load counts only if no worker failed it."""
+        """Several workers' reports (tensor parallel): a load counts only if no worker failed it;
+        ``saved`` counts add up (the scheduler waits for every worker's); any ``reuse_off`` is kept."""
         if not isinstance(other, WorkerReport):
             return self
         failed = {**self.failed, **other.failed}
         loaded = {r: n for r, n in {**self.loaded, **other.loaded}.items() if r not in failed}
-        return WorkerReport(loaded, failed, {**self.save_failed, **other.save_failed})
+        saved = {k: self.saved.get(k, 0) + other.saved.get(k, 0) for k in {**self.saved, **other.saved}}
+        save_failed = {**self.save_failed, **other.save_failed}
+        return WorkerReport(loaded, failed, save_failed, saved, self.reuse_off or other.reuse_off)
 
     def empty(self) -> bool:
-        return not (self.loaded or self.failed or self.save_failed)
+        return not (self.loaded or self.failed or self.save_failed or self.saved or self.reuse_off)

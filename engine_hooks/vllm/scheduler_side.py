@@ -24,13 +24,18 @@ and audit log as the SGLang backend) and answers from what is ready, never waiti
   a request that skips reading the prefix cache, e.g. prompt logprobs or echo with logprobs),
   ``copy_failed`` (the worker's load failed), ``hook_error``, ``aborted`` (finished first).
 - ``request_finished`` registers a fully saved request that finished normally, never received
-  reused KV, and had a verified context, as a donor (signed provenance, off this thread).
+  reused KV, and had a verified context, as a donor (signed provenance, off this thread), once
+  every worker reported its store entry saved (:class:`~engine_hooks.vllm.book.StoreBook`; on a
+  GPU that report may come steps later, and a recipient waits for it within the decision deadline);
+- a worker that refused its KV cache at start (``WorkerReport.reuse_off``: an attention backend
+  or cache layout the connector cannot read) turns governed reuse off for the server: one
+  ``reuse_disabled`` event (gauge ``semgov:reuse_disabled``), no decisions, no saves from then on.
 
 NOTE: invariants:
 - state is keyed by vLLM's internal request id, which vLLM makes unique (the client's id plus a
   random suffix); records name requests by :func:`request_label` of it;
 - a request that received reused KV never becomes a donor; a donor is registered only from a
-  store entry holding every prompt position;
+  store entry holding every prompt position, its copies complete on every worker;
 - reused KV never enters vLLM's prefix cache: a recipient's blocks from its load on are sealed
   (:func:`seal_blocks`) before vLLM allocates them, or nothing is loaded;
 - nothing a client sends raises out of these methods: any error costs reuse (0 tokens), never
@@ -53,10 +58,10 @@ from engine_hooks.core.decisions import PendingDecision
 from engine_hooks.core.donors import DonorSpec, LiveDonor
 from engine_hooks.core.governor import Governor
 from engine_hooks.core.plan import plan_pieces, recompute_leading, request_label
-from engine_hooks.core.settings import HookConfigError, HookSettings
+from engine_hooks.core.settings import HookSettings
 from engine_hooks.core.unrealized import Reason
 from engine_hooks.vllm.blocks import block_ids, scheduled, seal_blocks, trim, unloadable_reason
-from engine_hooks.vllm.book import StoreBook
+from engine_hooks.vllm.book import StoreBook, store_budget_tokens, store_mb
 from engine_hooks.vllm.meta import LoadOp, LoadPiece, SaveOp, StepPlan, WorkerReport
 from engine_hooks.vllm.scope import issued_salt
 from semgov.decide import SignedDecision
@@ -98,26 +103,6 @@ class _Sent:
     pieces: tuple[LoadPiece, ...]
 
 
-def store_budget_tokens(vllm_config: Any, megabytes: int) -> int:
-    """Tokens of donor KV that ``megabytes`` hold for the served model (all layers, K and V)."""
-    mc = vllm_config.model_config
-    layers = int(mc.get_num_layers(vllm_config.parallel_config))
-    per_token = layers * 2 * int(mc.get_num_kv_heads(vllm_config.parallel_config)) * int(mc.get_head_size())
-    itemsize = int(getattr(mc.dtype, "itemsize", 2))
-    return max(0, megabytes * 1024 * 1024 // max(1, per_token * itemsize))
-
-
-def _store_mb(env: dict[str, str]) -> int:
-    raw = env.get("SEMGOV_VLLM_STORE_MB", "512").strip()
-    try:
-        mb = int(raw)
-    except ValueError:
-        raise HookConfigError(f"SEMGOV_VLLM_STORE_MB={raw!r}: expected a whole number of MiB") from None
-    if mb < 0:
-        raise HookConfigError(f"SEMGOV_VLLM_STORE_MB={raw!r}: must be 0 (no donors) or more")
-    return mb
-
-
 class SchedulerSide:
     """semgov on vLLM's scheduler thread (one per engine core)."""
 
@@ -128,7 +113,9 @@ class SchedulerSide:
         self.gov = governor or Governor(
             self.settings, engine_name="vllm", tokenizer_path=vllm_config.model_config.tokenizer
         )
-        self.book = StoreBook(store_budget_tokens(vllm_config, _store_mb(env)))
+        workers = int(getattr(vllm_config.parallel_config, "world_size", 1) or 1)
+        self.book: StoreBook[DonorSpec] = StoreBook(store_budget_tokens(vllm_config, store_mb(env)), workers)
+        self.reuse_off: str | None = None  # NOTE: a worker's register_kv_caches refused its cache
         self.boot = secrets.token_hex(4)
         self._serial = itertools.count(1)
         self.reqs: dict[str, _Req] = {}
@@ -211,7 +198,7 @@ class SchedulerSide:
 
     def _matched(self, st: _Req, m: int) -> int | None:
         now = time.monotonic()
-        if st.context is None or self.gov.audit_broken is not None:
+        if st.context is None or self.gov.audit_broken is not None or self.reuse_off is not None:
             return 0
         if not st.decided:
             if len(st.tokens) - m < self.settings.min_unmatched_tokens:
@@ -220,13 +207,13 @@ class SchedulerSide:
             self.gov.drain_donors()
             if not self.gov.has_donors(st.context, st.cache_salt):
                 # NOTE: a donor that finished just before may still be registering (off this
-                # thread): wait for it, within the decision deadline, rather than run cold.
+                # thread), or its worker's copies still completing: wait for it, within the
+                # decision deadline, rather than run cold.
                 if st.first_seen == 0.0:
                     st.first_seen = now
                 if (
-                    self.gov.registrations_in_flight()
-                    and now - st.first_seen < self.settings.decision_timeout_ms / 1000
-                ):
+                    self.gov.registrations_in_flight() or self.book.waiting()
+                ) and now - st.first_seen < self.settings.decision_timeout_ms / 1000:
                     return None
                 st.decided = True
                 return 0
@@ -421,6 +408,8 @@ class SchedulerSide:
 
     def _saves(self, out: Any, plan: StepPlan) -> None:
         blocks = out.kv_connector_block_state
+        if self.reuse_off is not None:
+            return
         for rid, n, computed in scheduled(out):
             st = self.reqs.get(rid)
             if st is None or st.context is None or st.recipient or blocks is None:
@@ -455,6 +444,8 @@ class SchedulerSide:
             rep = connector_output.kv_connector_worker_meta
             if not isinstance(rep, WorkerReport):
                 return
+            if rep.reuse_off:
+                self._turn_off(rep.reuse_off)
             for rid, n in rep.loaded.items():
                 sent = self._sent.pop(rid, None)
                 if sent is not None:
@@ -476,6 +467,10 @@ class SchedulerSide:
             for key, why in rep.save_failed.items():
                 self.book.release(key)
                 get_logger().warning("semgov vLLM connector: donor save failed", key=key, error=why[:200])
+            for key, workers in rep.saved.items():
+                spec = self.book.saved(key, workers)
+                if spec is not None:
+                    self._register(spec)
         except Exception as e:  # noqa: BLE001
             get_logger().error(
                 "semgov vLLM connector: reading the worker's report failed", error=describe_error(e)
@@ -526,18 +521,36 @@ class SchedulerSide:
                 return False, None
             ok = getattr(request.status, "name", "") in _FINISHED_OK
             if ok and st.saved_upto == len(st.tokens) and not st.recipient and st.context is not None:
-                if self.book.complete(st.save_key):
-                    self.gov.submit_donor(
-                        DonorSpec(
-                            st.save_key, st.context, st.cache_salt or "", st.cache_salt, st.tokens, None
-                        )
-                    )
-                    self.stats["donors"] += 1
-                    return False, None
+                spec = DonorSpec(st.save_key, st.context, st.cache_salt or "", st.cache_salt, st.tokens, None)
+                ready = self.book.finish(st.save_key, spec)
+                if ready is not None:
+                    self._register(ready)
+                # NOTE: else held until the workers report the entry saved (output), or evicted
+                return False, None
             self.book.release(st.save_key)
         except Exception as e:  # noqa: BLE001
             get_logger().error("semgov vLLM connector: request_finished failed", error=describe_error(e))
         return False, None
+
+    def _register(self, spec: DonorSpec) -> None:
+        """A complete store entry (finished as a donor, saved by every worker) becomes a donor."""
+        self.gov.submit_donor(spec)
+        self.stats["donors"] += 1
+
+    def _turn_off(self, why: str) -> None:
+        """A worker cannot reuse KV (its cache layout or attention backend was refused at start):
+        governed reuse is off for this server from now on, audited once (``reuse_disabled``, the
+        ``semgov:reuse_disabled`` gauge); pending decisions and chosen allows say why."""
+        if self.reuse_off is not None:
+            return
+        self.reuse_off = why
+        get_logger().error("semgov vLLM connector: governed KV reuse off for this server", reason=why)
+        self.gov.event("reuse_disabled", detail=why)
+        text = f"semantic reuse was turned off: {why}"
+        for st in self.reqs.values():
+            self._drop_pending(st, "reuse_disabled", text)
+            if not st.recipient:
+                self._not_realized(st, "reuse_disabled", text)
 
     def _unfinished(self, st: _Req, request: Any) -> None:
         """A request that finishes with a decision pending, or an allow chosen and never loaded."""

@@ -1,24 +1,35 @@
 """The worker side of semgov's vLLM connector: the donor store, and the copies in and out of it.
 
-The store holds donors' K/V in a canonical ``[tokens, 2, kv_heads, head_dim]`` tensor per layer
-(CPU memory, bounded by the scheduler side's :class:`~engine_hooks.vllm.book.StoreBook`, which
-decides every entry and drop). Each step, in the order vLLM calls them:
+At ``register_kv_caches`` each attention layer's backend is looked up in vLLM's forward context
+(``layer.get_attn_backend().get_name()``) and the block layout of its registered cache view is
+learned **through the backend's own cache writer** (:mod:`engine_hooks.vllm.device_layout`): the
+layer's ``impl.do_kv_cache_update`` on a GPU (FLASH_ATTN, FLASHINFER, TRITON_ATTN), vLLM's CPU
+kernel for CPU_ATTN (as before). The copies then go through a
+:class:`~engine_hooks.vllm.device_copies.CopyEngine`: side streams and events on a CUDA device
+(the host never waits for a copy), in order at once on CPU. A backend or cache the connector
+cannot read (another backend, a quantized ``--kv-cache-dtype``, a head-outer layout, a writer
+that is not a bijection) turns governed reuse off for this worker: an error line at start naming
+the backend and the setting that selects a supported one, and ``WorkerReport.reuse_off``, which
+the scheduler side turns into a ``reuse_disabled`` event (gauge ``semgov:reuse_disabled``).
+
+The store holds donors' K/V in canonical ``[tokens, 2, kv_heads, head_dim]`` host rows per layer
+(pinned on a GPU), bounded by the scheduler side's :class:`~engine_hooks.vllm.book.StoreBook`
+(``SEMGOV_VLLM_STORE_MB``), which decides every entry and drop. Each step, in the order vLLM calls
+them:
 
 - ``start_load_kv`` (before the forward, the loads being synchronous): for each planned load,
   the donor rows are written into the recipient's new blocks, keys re-rotated by the shift for
   a shifted piece (:func:`engine_hooks.core.rotation.rerotate_keys`; values unchanged). Any
-  failure, or a model whose RoPE cannot be re-rotated exactly for a shifted piece, reports the
-  load's blocks to vLLM as failed (``get_block_ids_with_load_errors``), and vLLM recomputes them:
-  the request runs cold from there;
+  failure (the entry not complete, a model whose RoPE cannot be re-rotated exactly for a shifted
+  piece, slots outside the cache) is found before anything is enqueued and reports the load's
+  blocks to vLLM as failed (``get_block_ids_with_load_errors``): vLLM recomputes them;
 - ``wait_for_save`` (after the forward): drops, then the donor positions computed so far are
-  gathered from the paged cache into their entries.
+  gathered from the paged cache into their entries;
+- ``build_connector_worker_meta``: outcomes, and the entries whose every position is saved with
+  their copies complete (``WorkerReport.saved``): the scheduler registers a donor only then.
 
-Where a token's K/V sit inside a block is learned from the attention kernel itself at
-``register_kv_caches`` (:mod:`engine_hooks.vllm.layout`); if it cannot be, every load fails
-(cold) and nothing is saved.
-
-NOTE: nothing here waits for anything but its own copies; the worker reports outcomes in
-:class:`~engine_hooks.vllm.meta.WorkerReport` for the scheduler side to audit.
+NOTE: nothing here waits for anything but its own copies, and on a GPU not even those (except the
+``SEMGOV_VLLM_KV_DUMP`` diagnostic, which synchronizes the device).
 """
 
 from __future__ import annotations
@@ -30,8 +41,15 @@ from typing import Any
 import torch
 
 from engine_hooks.core.rope import RopeSpec
-from engine_hooks.core.rotation import rerotate_keys
-from engine_hooks.vllm.layout import BlockLayout, LayoutError, cpu_cache_writer, learn_layout
+from engine_hooks.vllm.device_copies import CopyEngine, CudaStreams, ImmediateStreams, Streams
+from engine_hooks.vllm.device_layout import (
+    DeviceLayout,
+    LayerWriter,
+    LayoutError,
+    backend_layer_writer,
+    cpu_layer_writer,
+    learn_for_layers,
+)
 from engine_hooks.vllm.meta import LoadOp, SaveOp, StepPlan, WorkerReport
 from semgov.log import describe_error, get_logger
 
@@ -44,20 +62,42 @@ def _slots(block_ids: tuple[int, ...], start: int, end: int, block_size: int) ->
     return ids[pos // block_size] * block_size + pos % block_size
 
 
+def _streams(caches: dict[str, torch.Tensor]) -> Streams:
+    """Side streams on a CUDA device; on CPU (one in-order device) everything runs when enqueued."""
+    device = next(iter(caches.values())).device
+    return CudaStreams(device) if device.type == "cuda" else ImmediateStreams()
+
+
+def attention_backends(vllm_config: Any, names: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The attention layer behind each registered cache (vLLM's forward context) and its backend's
+    name (``AttentionBackend.get_name()``: FLASH_ATTN, FLASHINFER, TRITON_ATTN, CPU_ATTN, ...)."""
+    context = getattr(getattr(vllm_config, "compilation_config", None), "static_forward_context", None)
+    layers: dict[str, Any] = {}
+    backends: dict[str, str] = {}
+    for name in names:
+        layer = (context or {}).get(name)
+        get = getattr(layer, "get_attn_backend", None)
+        backend = get() if callable(get) else getattr(layer, "attn_backend", None)
+        if backend is None:
+            raise LayoutError(f"KV cache {name!r} belongs to no attention layer in vLLM's forward context")
+        layers[name], backends[name] = layer, str(backend.get_name())
+    return layers, backends
+
+
 class WorkerSide:
     """semgov on a vLLM worker: the donor store and its copies."""
 
     def __init__(self, vllm_config: Any) -> None:
         mc = vllm_config.model_config
+        self.vllm_config = vllm_config
         self.block_size = int(vllm_config.cache_config.block_size)
         self.kv_cache_dtype = str(vllm_config.cache_config.cache_dtype)
         self.kv_heads = int(mc.get_num_kv_heads(vllm_config.parallel_config))
         self.head_dim = int(mc.get_head_size())
         self.rope = RopeSpec.from_hf_config(mc.hf_config)
         self.caches: dict[str, torch.Tensor] = {}
-        self.layout: BlockLayout | None = None
+        self.engine: CopyEngine | None = None
         self.broken: str | None = "no KV caches registered yet"
-        self.store: dict[str, list[torch.Tensor]] = {}
         self.report = WorkerReport()
         self.invalid: set[int] = set()
         # NOTE: a diagnostic (tests compare realized K/V with a cold prefill's): after each load the
@@ -65,42 +105,55 @@ class WorkerSide:
         dump = os.environ.get("SEMGOV_VLLM_KV_DUMP", "").strip()
         self.dump_dir = Path(dump) if dump else None
 
+    @property
+    def layout(self) -> DeviceLayout | None:
+        return self.engine.layout if self.engine is not None else None
+
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        """vLLM's ``register_kv_caches``: the paged caches, and the kernel's block layout."""
+        """vLLM's ``register_kv_caches``: the paged caches, their backend's block layout, the copies."""
         self.caches = dict(kv_caches)
+        backends: dict[str, str] = {}
         try:
-            self.layout = self._learn()
+            layers, backends = attention_backends(self.vllm_config, list(self.caches))
+            layout = learn_for_layers(
+                self.caches,
+                backends,
+                lambda name: self._writer(layers[name], backends[name], self.caches[name]),
+                self.kv_heads,
+                self.head_dim,
+                self.kv_cache_dtype,
+            )
+            self.engine = CopyEngine(layout, self.caches, _streams(self.caches), self.rope)
             self.broken = None
-        except Exception as e:  # noqa: BLE001 - no layout: every load fails (cold), nothing saved
+        except Exception as e:  # noqa: BLE001 - no layout: reuse off (every load fails, nothing saved)
             self.broken = describe_error(e)
-            get_logger().error("semgov vLLM connector: KV reuse off (cache layout)", error=self.broken)
+            self.report.reuse_off = self.broken  # NOTE: the scheduler side audits reuse_disabled
+            get_logger().error(
+                "semgov vLLM connector: KV reuse off (cache layout)",
+                backend=",".join(sorted(set(backends.values()))) or "unknown",
+                kv_cache_dtype=self.kv_cache_dtype,
+                error=self.broken,
+            )
         get_logger().info(
             "semgov vLLM connector (worker) ready",
             layers=len(self.caches),
+            backend=self.layout.backend if self.layout is not None else None,
+            device=str(next(iter(self.caches.values())).device) if self.caches else None,
             rope=self.rope is not None,
             reuse=self.broken is None,
         )
 
-    def _learn(self) -> BlockLayout:
-        if not self.caches:
-            raise LayoutError("no KV cache layers")
-        shapes = {tuple(t.shape[1:]) for t in self.caches.values()}
-        dtypes = {t.dtype for t in self.caches.values()}
-        want = (self.kv_heads, self.block_size, 2 * self.head_dim)
-        if shapes != {want} or len(dtypes) != 1:
-            raise LayoutError(f"KV cache layers {sorted(shapes)} {sorted(map(str, dtypes))}, expected {want}")
-        if self.kv_cache_dtype != "auto":
-            raise LayoutError(f"--kv-cache-dtype {self.kv_cache_dtype}: quantized caches are refused")
-        if any(not t.is_contiguous() or t.device.type != "cpu" for t in self.caches.values()):
-            raise LayoutError("only contiguous CPU KV caches (vLLM's CPU attention backend) are supported")
-        dtype = dtypes.pop()
-        write = cpu_cache_writer(dtype, self.block_size, self.head_dim, self.kv_cache_dtype)
-        return learn_layout(write, dtype, self.block_size, self.kv_heads, self.head_dim)
+    def _writer(self, layer: Any, backend: str, view: torch.Tensor) -> LayerWriter:
+        """The backend's own cache writer for ``layer``: vLLM's CPU kernel for CPU_ATTN, else the
+        layer's ``impl.do_kv_cache_update`` (the kernel vLLM runs each forward)."""
+        if backend == "CPU_ATTN":
+            return cpu_layer_writer(view.dtype, int(view.shape[2]), self.head_dim, self.kv_cache_dtype)
+        return backend_layer_writer(layer)
 
     # ---- loads -----------------------------------------------------------------------------
 
     def start_load(self, plan: StepPlan) -> None:
-        """vLLM's ``start_load_kv``: every planned load, done before this step's forward."""
+        """vLLM's ``start_load_kv``: every planned load, enqueued before this step's forward."""
         for op in plan.loads:
             try:
                 self._load(op)
@@ -122,34 +175,30 @@ class WorkerSide:
         return out
 
     def _load(self, op: LoadOp) -> None:
-        if self.layout is None:
+        if self.engine is None:
             raise RuntimeError(f"KV reuse is off: {self.broken}")
-        rows = self.store.get(op.key)
-        if rows is None or not op.pieces:
+        if not op.pieces:
             raise RuntimeError(f"donor {op.key!r} is not in the store")
-        layout = self.layout
-        work: list[tuple[torch.Tensor, torch.Tensor, int, int, int]] = []
-        for p in op.pieces:
-            if p.donor_start + p.length > rows[0].shape[0]:
-                raise RuntimeError(f"donor {op.key!r} holds {rows[0].shape[0]} tokens")
-            if p.shift and self.rope is None:
-                raise RuntimeError("a shifted piece, and this model's RoPE cannot be re-rotated exactly")
-            slots = _slots(op.block_ids, p.recipient_start, p.recipient_start + p.length, self.block_size)
-            work.append(
-                (slots, torch.full((p.length,), p.shift, dtype=torch.int64), p.donor_start, p.length, p.shift)
+        pieces = [
+            (
+                _slots(op.block_ids, p.recipient_start, p.recipient_start + p.length, self.block_size),
+                p.donor_start,
+                p.shift,
             )
-        # NOTE: everything is checked before the first write: a refused load leaves the cache as it was.
-        for layer, cache in enumerate(self.caches.values()):
-            for slots, delta, d0, n, shift in work:
-                kv = rows[layer][d0 : d0 + n]
-                if shift:
-                    assert self.rope is not None
-                    kv = kv.clone()
-                    kv[:, 0] = rerotate_keys(kv[:, 0], delta, self.rope)
-                layout.scatter(cache, slots, kv)
+            for p in op.pieces
+        ]
+        # NOTE: the engine checks everything before it enqueues: a refused load leaves the cache as it was.
+        self.engine.load(op.key, pieces)
+
+    def _sync(self) -> None:
+        """Diagnostics only: wait for the device (the store's copies, the loads)."""
+        device = next(iter(self.caches.values())).device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     def _dump_load(self, op: LoadOp) -> None:
         assert self.layout is not None and self.dump_dir is not None
+        self._sync()
         pieces = [(p.recipient_start, p.donor_start, p.length) for p in op.pieces]
         kv = []
         for cache in self.caches.values():
@@ -157,7 +206,7 @@ class WorkerSide:
                 self.layout.gather(cache, _slots(op.block_ids, r0, r0 + n, self.block_size))
                 for r0, _, n in pieces
             ]
-            kv.append(torch.cat(rows).clone())
+            kv.append(torch.cat(rows).cpu().clone())
         torch.save(
             {"req_id": op.req_id, "key": op.key, "pieces": pieces, "kv": kv},
             self.dump_dir / f"load-{op.req_id}.pt",
@@ -170,36 +219,33 @@ class WorkerSide:
     # ---- saves -----------------------------------------------------------------------------
 
     def save(self, plan: StepPlan) -> None:
-        """vLLM's ``wait_for_save``: drop evicted entries, then copy donor positions computed so far."""
+        """vLLM's ``wait_for_save``: drop evicted entries, then enqueue copies of the donor
+        positions computed so far (never waiting for them)."""
         for key in plan.drops:
-            self.store.pop(key, None)
+            if self.engine is not None:
+                self.engine.drop(key)
         for op in plan.saves:
             try:
                 self._save(op)
             except Exception as e:  # noqa: BLE001 - the entry is dropped; the request stays served
-                self.store.pop(op.key, None)
+                if self.engine is not None:
+                    self.engine.drop(op.key)
                 self.report.save_failed[op.key] = describe_error(e)
 
     def _save(self, op: SaveOp) -> None:
-        if self.layout is None:
+        if self.engine is None:
             raise RuntimeError(f"KV reuse is off: {self.broken}")
-        rows = self.store.get(op.key)
-        if rows is None:
-            if op.start != 0:
-                raise RuntimeError(f"entry {op.key!r} was dropped before its first positions were saved")
-            shape = (op.total, 2, self.kv_heads, self.head_dim)
-            rows = [torch.empty(shape, dtype=c.dtype) for c in self.caches.values()]
-            self.store[op.key] = rows
-        slots = _slots(op.block_ids, op.start, op.end, self.block_size)
-        for layer, cache in enumerate(self.caches.values()):
-            rows[layer][op.start : op.end] = self.layout.gather(cache, slots)
+        self.engine.save(op.key, _slots(op.block_ids, op.start, op.end, self.block_size), op.start, op.total)
         if self.dump_dir is not None and op.end == op.total:
-            torch.save(
-                {"key": op.key, "label": op.label, "kv": [r.clone() for r in rows]},
-                self.dump_dir / f"save-{op.key}.pt",
-            )
+            self._sync()
+            rows = [r.clone() for r in self.engine.entries[op.key].rows]
+            torch.save({"key": op.key, "label": op.label, "kv": rows}, self.dump_dir / f"save-{op.key}.pt")
 
     def take_report(self) -> WorkerReport | None:
-        """vLLM's ``build_connector_worker_meta``: this step's outcomes (None when nothing happened)."""
+        """vLLM's ``build_connector_worker_meta``: this step's outcomes, and the entries now saved
+        whole (their copies complete: polled, never waited for). None when nothing happened."""
+        if self.engine is not None:
+            for key in self.engine.poll():
+                self.report.saved[key] = 1
         rep, self.report = self.report, WorkerReport()
         return None if rep.empty() else rep

@@ -81,6 +81,7 @@ class VllmServerConfig:
     kv_dump: bool = False
     eager: bool = False  # --enforce-eager: no torch.compile warm-up (a faster start; tests)
     dtype: str | None = None  # --dtype; None: vLLM's default for the model
+    connector_module: str = CONNECTOR["kv_connector_module_path"]  # where vLLM finds SemgovConnector
     startup_timeout_s: float = 600.0
 
     def args(self, port: int) -> list[str]:
@@ -91,7 +92,10 @@ class VllmServerConfig:
             a += ["--load-format", "dummy", "--skip-tokenizer-init"]
         a += ["--enable-prefix-caching"] if self.prefix_caching else ["--no-enable-prefix-caching"]
         if self.connector:
-            a += ["--kv-transfer-config", json.dumps(CONNECTOR)]
+            a += [
+                "--kv-transfer-config",
+                json.dumps({**CONNECTOR, "kv_connector_module_path": self.connector_module}),
+            ]
         if self.num_blocks is not None:
             a += ["--num-gpu-blocks-override", str(self.num_blocks)]
         if self.eager:

@@ -38,3 +38,17 @@ def test_oversized_empty_and_duplicate_reservations_are_refused() -> None:
 def test_a_store_of_zero_tokens_holds_nothing() -> None:
     """SEMGOV_VLLM_STORE_MB=0: every reservation is refused (no donors, no memory)."""
     assert StoreBook(0).reserve("a", 1) is None
+
+
+def test_a_donor_is_complete_once_finished_and_saved_by_every_worker_in_either_order() -> None:
+    """finish() then every worker's saved(), or the reverse: the donor comes back once, then usable;
+    one worker of two is not enough, and a release forgets a donor still waiting."""
+    b: StoreBook[str] = StoreBook(1000, workers=2)
+    b.reserve("a", 10), b.reserve("b", 10), b.reserve("c", 10)
+    assert b.finish("a", "donor-a") is None and b.waiting() == 1 and b.usable("a") == 0
+    assert b.saved("a") is None and b.usable("a") == 0  # one worker of two
+    assert b.saved("a") == "donor-a" and b.usable("a") == 10 and b.waiting() == 0
+    assert b.saved("b", 2) is None and b.finish("b", "donor-b") == "donor-b" and b.usable("b") == 10
+    assert b.finish("c", "donor-c") is None
+    b.release("c")
+    assert b.waiting() == 0 and b.saved("c", 2) is None and b.finish("c", "x") is None

@@ -5,14 +5,12 @@ objects as plain namespaces with the attributes the side reads. The real-server 
 rarely does: a load vLLM trims, a failed load, an aborted donor, hostile request fields.
 
 vLLM is not installed here: its two empty metadata base classes are provided as plain classes
-before the side is imported (nothing else of vLLM is used by it).
+by conftest.py before the side is imported (nothing else of vLLM is used by it).
 """
 
 from __future__ import annotations
 
-import sys
 import threading
-import types
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace as NS
@@ -20,26 +18,10 @@ from typing import Any
 
 import pytest
 
+from engine_hooks.vllm.meta import WorkerReport
+from engine_hooks.vllm.scheduler_side import SchedulerSide
+from engine_hooks.vllm.scope import tag_salt
 from tests.sglang_server.rig import CONTEXT_SECRET, Gateway, HookFiles, pair_prompts, read_audit, summarize
-
-
-def _vllm_bases() -> None:
-    if "vllm.distributed.kv_transfer.kv_connector.v1.base" in sys.modules:
-        return
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        mod = types.ModuleType("vllm.distributed.kv_transfer.kv_connector.v1.base")
-        mod.KVConnectorMetadata = type("KVConnectorMetadata", (), {})  # type: ignore[attr-defined]
-        mod.KVConnectorWorkerMetadata = type("KVConnectorWorkerMetadata", (), {})  # type: ignore[attr-defined]
-        sys.modules[mod.__name__] = mod
-
-
-_vllm_bases()
-
-from engine_hooks.vllm.meta import WorkerReport  # noqa: E402
-from engine_hooks.vllm.scheduler_side import SchedulerSide  # noqa: E402
-from engine_hooks.vllm.scope import tag_salt  # noqa: E402
 
 BS = 128
 
@@ -131,8 +113,16 @@ def _donor(
     assert side.matched(d, 0) == (0, False)  # no donors of its scope yet
     plan = _step(side, d, 0, len(p.donor), _blocks(len(p.donor)))
     side.finished(d)
+    _worker_saved(side, plan)
     side.gov.wait_registrations()
     return plan
+
+
+def _worker_saved(side: SchedulerSide, *plans: Any) -> None:
+    """The worker's report that the plans' store entries are saved whole (its copies complete), as
+    it comes on CPU: in the same step's output, after vLLM finished the step's requests."""
+    saved = {s.key: 1 for plan in plans for s in plan.saves if s.end == s.total}
+    side.output(NS(kv_connector_worker_meta=WorkerReport(saved=saved)))
 
 
 def _allowed(side: SchedulerSide, tag: str) -> tuple[Any, Any]:
@@ -294,7 +284,7 @@ def test_a_store_of_zero_megabytes_saves_nothing(tmp_path: Path, monkeypatch: py
 def test_a_bad_store_size_stops_the_server_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     """SEMGOV_VLLM_STORE_MB that is not a whole number of MiB: HookConfigError naming it."""
     from engine_hooks.core.settings import HookConfigError
-    from engine_hooks.vllm.scheduler_side import _store_mb
+    from engine_hooks.vllm.book import store_mb as _store_mb
 
     with pytest.raises(HookConfigError, match="SEMGOV_VLLM_STORE_MB"):
         _store_mb({"SEMGOV_VLLM_STORE_MB": "lots"})
@@ -314,8 +304,9 @@ def test_an_allow_the_connector_cannot_load_is_audited_with_why(side: SchedulerS
     q = pair_prompts("unit-head", e_len=512)
     d = _req(q.donor, GW.token("acme", "ns-h", q.donor_segs, task=task))
     side.matched(d, 0)
-    _step(side, d, 0, len(q.donor), _blocks(len(q.donor)))
+    plan = _step(side, d, 0, len(q.donor), _blocks(len(q.donor)))
     side.finished(d)
+    _worker_saved(side, plan)
     side.gov.wait_registrations()
     h = _req(q.recipient, GW.token("acme", "ns-h", q.recipient_segs, task=task))
     assert _ask(side, h, 256) == 0
@@ -451,11 +442,13 @@ def test_a_second_allowed_donor_is_reported_another_donor_chosen(side: Scheduler
     ``another_donor_chosen`` (each allow has its outcome)."""
     p = pair_prompts("unit-two", e_len=512)
     donors = [_req(p.donor, GW.token("acme", "ns", p.donor_segs)) for _ in range(2)]
+    plans = []
     for d in donors:
         assert side.matched(d, 0) == (0, False)
-        _step(side, d, 0, len(p.donor), _blocks(len(p.donor)))
+        plans.append(_step(side, d, 0, len(p.donor), _blocks(len(p.donor))))
     for d in donors:
         side.finished(d)
+    _worker_saved(side, *plans)
     side.gov.wait_registrations()
     r = _req(p.recipient, GW.token("acme", "ns", p.recipient_segs))
     assert _ask(side, r, 256) == 512
@@ -511,3 +504,55 @@ def test_a_request_skipping_the_prefix_cache_is_answered_0_and_its_allow_reporte
         assert "skips reading the prefix cache" in str(summarize(read_audit(s.audit_dir)).failed[0]["detail"])  # type: ignore[attr-defined]
     finally:
         s.close()
+
+
+# ---- donors complete only on the workers' report (issue 33) ---------------------------------------
+
+
+def test_a_donor_is_registered_only_once_every_worker_reports_its_entry_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A donor finished while its copies are in flight (a GPU worker) is not registered; a recipient
+    arriving meanwhile waits (None), and is decided once both workers reported the entry saved."""
+    side = _make_side(tmp_path, monkeypatch, SEMGOV_ASYNC_DECISIONS="0", SEMGOV_DECISION_TIMEOUT_MS="60000")
+    try:
+        _inflight_donor(side)
+    finally:
+        side.close()
+
+
+def _inflight_donor(side: SchedulerSide) -> None:
+    side.book.workers = 2
+    p = pair_prompts("unit-inflight", e_len=512)
+    d = _req(p.donor, GW.token("acme", "ns", p.donor_segs))
+    assert side.matched(d, 0) == (0, False)
+    plan = _step(side, d, 0, len(p.donor), _blocks(len(p.donor)))
+    side.finished(d)
+    r = _req(p.recipient, GW.token("acme", "ns", p.recipient_segs))
+    assert side.matched(r, 256) == (None, False) and side.book.waiting() == 1
+    _worker_saved(side, plan)
+    assert side.matched(r, 256) == (None, False) and side.stats["donors"] == 0  # one worker of two
+    _worker_saved(side, plan)
+    side.gov.wait_registrations()
+    assert side.stats["donors"] == 1 and side.book.waiting() == 0
+    assert _ask(side, r, 256) == 512
+
+
+def test_an_entry_saved_before_its_request_finished_registers_at_the_finish(side: SchedulerSide) -> None:
+    """The worker's report may come first (a request generating many tokens): the donor is then
+    registered when the request finishes; a failed save instead drops the entry and no donor."""
+    p = pair_prompts("unit-early", e_len=512)
+    d = _req(p.donor, GW.token("acme", "ns", p.donor_segs))
+    side.matched(d, 0)
+    _worker_saved(side, _step(side, d, 0, len(p.donor), _blocks(len(p.donor))))
+    assert side.stats["donors"] == 0
+    side.finished(d)
+    assert side.stats["donors"] == 1
+    q = pair_prompts("unit-save-failed", e_len=512)
+    f = _req(q.donor, GW.token("acme", "ns", q.donor_segs))
+    side.matched(f, 0)
+    key = _step(side, f, 0, len(q.donor), _blocks(len(q.donor))).saves[0].key
+    side.finished(f)
+    side.output(NS(kv_connector_worker_meta=WorkerReport(save_failed={key: "RuntimeError: gone"})))
+    _worker_saved(side, NS(saves=[NS(key=key, end=1, total=1)]))
+    assert side.stats["donors"] == 1 and side.book.waiting() == 0 and key not in side.book.keys()
