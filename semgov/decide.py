@@ -203,6 +203,20 @@ class Evaluator:
                 within += " (the decision timeout, fact computation included)"
             raise TimeoutError(f"no answer within {within}") from None
 
+    def wait_for_engine(self, timeout: float) -> bool:
+        """Wait, at most ``timeout`` seconds, until an engine call that timed out has returned;
+        whether the engine is free now.
+
+        NOTE: for the warm-up, which runs where decisions run and in order with them: a warm-up
+        whose engine call outlived the decision timeout (a cold engine's first evaluation, on a
+        loaded machine) must not leave the engine busy, which would deny the first real decisions
+        "still busy" without asking it."""
+        busy = self._engine_busy
+        if busy is None or busy.done():
+            return True
+        concurrent.futures.wait([busy], timeout=max(0.0, timeout))
+        return busy.done()
+
     def decide(self, doc: PolicyInput, deadline: Deadline | None = None) -> EngineResult:
         """Run the engine over one document, failing closed on any engine error or timeout."""
         try:

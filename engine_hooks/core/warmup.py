@@ -41,6 +41,7 @@ from semgov.typing import CandidateProvider
 
 WARMUP_TENANT = "semgov-warmup"  # the synthetic input's tenant and id prefix: never a real request's
 _TOKENS = 512  # long enough for span finding and a k-gram index, short enough to cost little
+ENGINE_WAIT_S = 30.0  # how long the warm-up waits for an engine call that outlived the decision timeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +127,13 @@ def _run(
         provider.remove(entry.donor_id)
     sim = next((float(m.similarity) for m in found if m.donor_id == entry.donor_id), 1.0)
     req = build_request(now, f"{tag}-recipient", ctx, recipient_tokens, None, [(entry, sim)])
-    live.evaluator.evaluate(req, now=now)  # NOTE: signed, never appended: the hook's evaluators have no sink
-    if policies.shadow is not None:
-        policies.shadow.evaluator.evaluate(req, now=now)
+    evaluators = [live.evaluator, *([policies.shadow.evaluator] if policies.shadow is not None else [])]
+    for ev in evaluators:
+        ev.evaluate(req, now=now)  # NOTE: signed, never appended: the hook's evaluators have no sink
+        # NOTE: an engine call past the decision timeout keeps running; the warm-up waits for it, so
+        # the first real decision finds the engine free and warm (or, if stuck, denies "still busy")
+        if not ev.wait_for_engine(ENGINE_WAIT_S):
+            raise TimeoutError(f"the policy engine's warm-up call is still running after {ENGINE_WAIT_S:g} s")
 
 
 __all__ = ["WARMUP_TENANT", "Warm", "Warmed", "synthetic_tokens", "warm_decision_path"]

@@ -102,3 +102,34 @@ def test_the_decision_process_warms_itself(tmp_path: Path, process: str) -> None
     finally:
         gov.close()
     assert read_audit(settings.audit_dir) == []
+
+
+def test_a_warmup_past_the_decision_timeout_leaves_the_engine_free(tmp_path: Path, monkeypatch: Any) -> None:
+    """A cold engine whose first evaluation outlives SEMGOV_DECISION_TIMEOUT_MS (a loaded machine):
+    the warm-up waits for that call to return, so the first real decision finds the engine free
+    instead of being denied "still busy" without asking it."""
+    import time
+
+    from semgov.decide import Evaluator
+
+    real = Evaluator._call_engine
+    calls = {"n": 0}
+
+    def slow_first(self: Any, fn: Any, arg: Any, deadline: Any = None) -> Any:
+        def slow(a: Any) -> Any:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                time.sleep(0.5)
+            return fn(a)
+
+        return real(self, slow, arg, deadline)
+
+    monkeypatch.setattr(Evaluator, "_call_engine", slow_first)
+    gov = Governor(_settings(tmp_path, SEMGOV_DECISION_TIMEOUT_MS="50"), engine_name="test")
+    try:
+        assert gov.wait_idle()
+        assert [(w.reason, w.error) for w in gov.warmups] == [("start", None)]
+        assert gov.warmups[0].seconds >= 0.5 and calls["n"] == 1
+        assert gov.policies.live.evaluator.wait_for_engine(0.0)
+    finally:
+        gov.close()
