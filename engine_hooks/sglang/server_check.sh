@@ -2,10 +2,12 @@
 # Server check of the semgov SGLang backend: real SGLang servers, on the CPU or on a GPU.
 #
 #   engine_hooks/sglang/server_check.sh [--engine sglang] [--device cpu|cuda] [--model tiny|smollm2-arch|REAL]
-#                                       [--pairs N] [--servers a,b] [--out DIR] [--keep]
-#   engine_hooks/sglang/server_check.sh --engine vllm [--model tiny|REAL] [--pairs N] [--e-len N]
+#                                       [--pairs N] [--e-len N] [--seed-tokens N] [--scenarios a,b]
+#                                       [--servers a,b] [--out DIR] [--keep]
+#   engine_hooks/sglang/server_check.sh --engine vllm [--device cpu|cuda] [--model tiny|REAL] [--pairs N]
+#                                       [--e-len N] [--seed-tokens N] [--eager] [--out DIR] [--keep]
 #   (REAL: smollm2-135m, qwen2.5-coder-0.5b or qwen2.5-coder-1.5b with real weights: docs/models.md)
-#                                       [--out DIR] [--keep]
+#   Both engines in one step, one table, on a GPU: benchmarks/gpu_check.sh.
 #
 # --engine vllm runs the same paired cohorts in two real vLLM 0.32 servers (stock prefix cache,
 # and with semgov's connector; tests/vllm/check.py), in vLLM's own environment (.venv-vllm or

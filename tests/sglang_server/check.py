@@ -47,14 +47,20 @@ Scenario = Callable[[Server, str], scenarios.Outcome]
 REAL_MODELS = ("smollm2", "smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 
 
-def plan(device: str, pairs: int) -> list[tuple[str, ServerConfig, list[tuple[str, Scenario]]]]:
-    """Servers (:func:`server_configs`) and the scenarios each runs."""
+def plan(
+    device: str, pairs: int, e_len: int = 2048, seed_tokens: int = 0
+) -> list[tuple[str, ServerConfig, list[tuple[str, Scenario]]]]:
+    """Servers (:func:`server_configs`) and the scenarios each runs (``seed_tokens``: also the
+    seed's shape, on the first server)."""
 
     def cohorts(s: Server, tag: str) -> scenarios.Outcome:
-        return scenarios.cohorts(s, tag, pairs=pairs)
+        return scenarios.cohorts(s, tag, pairs=pairs, e_len=e_len)
 
     def stock(s: Server, tag: str) -> scenarios.Outcome:
-        return scenarios.stock_cohorts(s, tag, pairs=pairs)
+        return scenarios.stock_cohorts(s, tag, pairs=pairs, e_len=e_len)
+
+    def seed(s: Server, tag: str) -> scenarios.Outcome:
+        return scenarios.seed_shape(s, tag, tokens=seed_tokens)
 
     todo: dict[str, list[tuple[str, Scenario]]] = {
         "page1-overlap": [
@@ -65,6 +71,7 @@ def plan(device: str, pairs: int) -> list[tuple[str, ServerConfig, list[tuple[st
             ("rids", scenarios.rid_collisions),
             ("hostile", scenarios.hostile_extra_keys),
             ("regions", scenarios.regions),
+            *([("seed", seed)] if seed_tokens else []),
         ],
         "page16-no-overlap": [
             ("cohorts", cohorts),
@@ -125,6 +132,34 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.0f}"
 
 
+def sched_stats(path: Path) -> dict[str, float] | None:
+    """semgov's scheduler-thread time per request from a rig's ``sched_ns.log`` (first column:
+    nanoseconds per finished request): ``n``, ``p50_ms``, ``p99_ms``, ``max_ms`` (nearest rank);
+    None when the log is missing or empty."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    ns = sorted(int(ln.split()[0]) for ln in lines if ln.strip())
+    if not ns:
+        return None
+
+    def rank(q: float) -> float:
+        return ns[min(len(ns) - 1, max(0, -(-len(ns) * q // 100) - 1))] / 1e6
+
+    return {"n": len(ns), "p50_ms": rank(50), "p99_ms": rank(99), "max_ms": ns[-1] / 1e6}
+
+
+def print_sched(sched: dict[str, dict[str, float]]) -> None:
+    """The per-server table of semgov's scheduler-thread time per request."""
+    if not sched:
+        return
+    print("\nsemgov's scheduler-thread time per request (K/V copies excluded; nearest rank):")
+    print("{:<18} {:>6} {:>9} {:>9} {:>9}".format("server", "n", "p50 ms", "p99 ms", "max ms"))
+    for name, st in sched.items():
+        print(f"{name:<18} {st['n']:>6.0f} {st['p50_ms']:>9.3f} {st['p99_ms']:>9.3f} {st['max_ms']:>9.3f}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="server_check",
@@ -145,12 +180,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--scenarios", default="", help="comma-separated subset of the scenarios (e.g. cohorts,retraction)"
     )
     ap.add_argument("--pairs", type=int, default=2, help="pairs per cohort (default 2)")
+    ap.add_argument("--e-len", type=int, default=2048, help="evidence tokens per cohort pair (default 2048)")
+    ap.add_argument(
+        "--seed-tokens",
+        type=int,
+        default=0,
+        help="also run the seed's shape on page1-overlap: one recipient of this many tokens, 97%% of "
+        "them evidence from a donor behind another wrapper (e.g. 4900; default 0: not run)",
+    )
     ap.add_argument("--servers", default="", help="comma-separated subset of the server configurations")
     ap.add_argument("--out", type=Path, default=None, help="copy results, server logs and audit logs here")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
     args = ap.parse_args(argv)
-    if args.pairs < 1:
-        ap.error("--pairs must be at least 1")
+    if args.pairs < 1 or args.e_len < 256:
+        ap.error("--pairs must be at least 1 and --e-len at least 256")
+    if args.seed_tokens:
+        try:
+            scenarios.seed_lengths(args.seed_tokens)
+        except ValueError as e:
+            ap.error(f"--seed-tokens: {e}")
     why = preflight(args.device)
     if why is not None:
         print(f"[server_check] cannot run: {why}")
@@ -169,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cap = 131072 if args.model == "tiny" else 32768
     servers = [
         (n, replace(c, model=model, dummy_weights=dummy, max_total_tokens=min(c.max_total_tokens, cap)), s)
-        for n, c, s in plan(args.device, args.pairs)
+        for n, c, s in plan(args.device, args.pairs, args.e_len, args.seed_tokens)
     ]
     if args.scenarios:
         keep = {x.strip() for x in args.scenarios.split(",") if x.strip()}
@@ -189,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="semgov-server-check-"))
     outcomes: list[tuple[str, scenarios.Outcome]] = []
+    sched: dict[str, dict[str, float]] = {}
     problems: list[str] = []
     t0 = time.monotonic()
     try:
@@ -206,6 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     alive = srv.alive()
                     bad = srv.fatal_lines()
                 files = srv.files
+                st = sched_stats(srv.sched_log) if config.backend is not None else None
+                if st is not None:
+                    sched[name] = st
                 if not alive:
                     problems.append(f"{name}: the server died")
                 if bad:
@@ -224,11 +276,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print("invariant status: VIOLATED (a server did not start; see above)")
                 return EXIT_USAGE
         report(outcomes)
+        print_sched(sched)
         if args.out is not None:
             args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "results.json").write_text(
-                json.dumps([{"server": n, **asdict(o)} for n, o in outcomes], indent=2)
-            )
+            doc = {
+                "outcomes": [{"server": n, **asdict(o)} for n, o in outcomes],
+                "sched_ms": sched,
+                "problems": problems,
+            }
+            (args.out / "results.json").write_text(json.dumps(doc, indent=2))
             for name, _, _ in servers:
                 for f in ("server.log", "command.txt"):
                     if (work / name / f).exists():

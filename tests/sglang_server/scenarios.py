@@ -49,6 +49,7 @@ class Outcome:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     ttft_ms: dict[str, list[float]] = field(default_factory=dict)
+    realized_by: dict[str, int] = field(default_factory=dict)  # realized tokens per cohort (warm arms)
 
     def expect(self, ok: bool, problem: str) -> None:
         if not ok:
@@ -165,6 +166,7 @@ def cohorts(server: Server, tag: str, pairs: int = 1, e_len: int = 2048) -> Outc
     for (cohort, _seed), r in rows.items():
         warm_id = f"{r['rid']}-warm"
         realized = audit.realized.get(warm_id, 0)
+        out.realized_by[cohort] = out.realized_by.get(cohort, 0) + realized
         if cohort == "allowed":
             out.expect(realized == r["e_len"], f"{warm_id}: realized {realized}, expected {r['e_len']}")
             out.expect(
@@ -307,6 +309,60 @@ def regions(server: Server, tag: str, burst: int = 4) -> Outcome:
         got = audit.realized.get(f"{tag}-r{i}", 0)
         out.expect(got == 1024, f"{tag}-r{i}: realized {got} of 1024 behind a new wrapper")
     out.notes.append(f"two-region TTFT {w.ttft_ms:.0f} ms; {burst} new-wrapper recipients at once")
+    _server_problems(server, out)
+    return out
+
+
+# ---- the seed's shape: one long recipient, nearly all evidence, behind another wrapper -------
+
+
+def seed_lengths(tokens: int, share: float = 0.97) -> tuple[int, int, int, int]:
+    """``(s_len, w_len, e_len, q_len)`` of a seed-shaped recipient ``[S][W][E][Q]`` of ``tokens``
+    tokens whose evidence ``E`` is ``share`` of its positions; the rest is split evenly between
+    system prompt, new wrapper and question (49 tokens each at 4,900)."""
+    e_len = round(tokens * share)
+    rest = tokens - e_len
+    if rest < 12 or e_len < 256:
+        raise ValueError(f"a seed-shaped recipient needs at least 400 tokens, not {tokens}")
+    s_len = w_len = rest // 3
+    return s_len, w_len, e_len, rest - s_len - w_len
+
+
+def seed_shape(server: Server, tag: str, tokens: int = 4900) -> Outcome:
+    """The seed's shape: a recipient of ``tokens`` tokens whose evidence (97% of its positions)
+    comes from a donor behind another instruction wrapper (``[S][I][E][Q1]`` donor, ``[S][W][E][Q2]``
+    recipient). Cold: the recipient in a namespace no donor reaches, primed with ``[S][Q1]`` (the
+    same exact hit as the governed arm); governed: after the donor. The evidence must be realized
+    in the middle of the prompt, and the server must be alive and healthy afterwards."""
+    out = Outcome(f"seed[{tag}]")
+    gw = server.gateway
+    s_len, w_len, e_len, q_len = seed_lengths(tokens)
+    p = pair_prompts(f"{tag}-seed", s_len=s_len, i_len=w_len, e_len=e_len, q_len=q_len, wrapper=w_len)
+    ns, ns_cold = f"ns-{tag}-seed", f"ns-{tag}-seed-cold"
+    primer = server.generate(
+        p.primer, rid=f"{tag}-primer", extra_key=gw.token("acme", ns_cold, p.primer_segs)
+    )
+    settle(server)
+    cold = server.generate(
+        p.recipient, rid=f"{tag}-cold", extra_key=gw.token("acme", ns_cold, p.recipient_segs)
+    )
+    donor = server.generate(p.donor, rid=f"{tag}-donor", extra_key=gw.token("acme", ns, p.donor_segs))
+    settle(server)
+    warm = server.generate(p.recipient, rid=f"{tag}-warm", extra_key=gw.token("acme", ns, p.recipient_segs))
+    _sent(out, [primer, cold, donor, warm])
+    out.ttft("seed cold", cold)
+    out.ttft("seed warm", warm)
+    audit = _audit(server)
+    out.absorb(audit, f"{tag}-")
+    got = audit.realized.get(f"{tag}-warm", 0)
+    out.realized_by["seed"] = got
+    out.expect(got == e_len, f"{tag}-warm: realized {got} of {e_len} evidence tokens behind a new wrapper")
+    if cold.ttft_ms and warm.ttft_ms:
+        out.notes.append(
+            f"{len(p.recipient)} tokens, evidence {e_len} ({e_len / len(p.recipient):.0%}): TTFT "
+            f"cold {cold.ttft_ms:.0f} ms, governed {warm.ttft_ms:.0f} ms, "
+            f"governed/cold {warm.ttft_ms / cold.ttft_ms:.2f}"
+        )
     _server_problems(server, out)
     return out
 

@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.sglang_server.check import EXIT_USAGE, REAL_MODELS, verdict
+from tests.sglang_server.check import EXIT_USAGE, REAL_MODELS, print_sched, sched_stats, verdict
 from tests.sglang_server.rig import RigError, pair_prompts, verify_audit
+from tests.sglang_server.scenarios import seed_lengths
 from tests.vllm.rig import TINY, Reply, VllmServer, VllmServerConfig, by_client_id, launch_vllm, vllm_python
 
 COHORTS = ("allowed", "other_tenant", "unrelated", "no_context")
@@ -45,6 +46,8 @@ class Arms:
     realized: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     requests: int = 0
+    sched_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     def add(self, cohort: str, arm: str, r: Reply) -> None:
         self.requests += 1
@@ -89,6 +92,45 @@ def run_cohorts(server: VllmServer, arm: str, pairs: int, e_len: int, out: Arms)
     return warm_ids
 
 
+def run_seed(server: VllmServer, tokens: int, out: Arms) -> str:
+    """The seed's shape on the semgov server (a recipient of ``tokens`` tokens, 97% evidence from a
+    donor behind another wrapper): TTFT cold and governed; returns the governed client id.
+
+    NOTE: vLLM loads only a run that continues its exact hit, so evidence after fresh tokens is
+    never realized here (docs/vllm.md); the figure says what a vLLM user gets for this shape."""
+    s_len, w_len, e_len, q_len = seed_lengths(tokens)
+    p = pair_prompts("seed", s_len=s_len, i_len=w_len, e_len=e_len, q_len=q_len, wrapper=w_len)
+    server.complete(p.primer, "seed-primer", server.token("acme", "ns-seed-cold", p.primer_segs))
+    out.add(
+        "seed",
+        "cold-semgov",
+        server.complete(p.recipient, "seed-cold", server.token("acme", "ns-seed-cold", p.recipient_segs)),
+    )
+    server.complete(p.donor, "seed-donor", server.token("acme", "ns-seed", p.donor_segs))
+    out.add(
+        "seed",
+        "semgov",
+        server.complete(p.recipient, "seed-warm", server.token("acme", "ns-seed", p.recipient_segs)),
+    )
+    return "seed-warm"
+
+
+def judge_seed(server: VllmServer, cid: str, out: Arms) -> None:
+    """The seed's governed recipient: decided, nothing realized (vLLM cannot load after fresh tokens)."""
+    audit = server.audit()
+    label = by_client_id(audit, cid)
+    realized = audit.realized.get(label, 0) if label else 0
+    out.realized["seed"] = realized
+    if label is None or not audit.decisions.get(label):
+        out.problems.append(f"{cid}: the seed-shaped recipient was not decided")
+    c, w = out.median("seed", "cold-semgov"), out.median("seed", "semgov")
+    if c and w:
+        out.notes.append(
+            f"seed shape: TTFT cold {c:.0f} ms, governed {w:.0f} ms, governed/cold {w / c:.2f}, "
+            f"{realized} tokens realized (vLLM loads only a run continuing its exact hit)"
+        )
+
+
 def judge(server: VllmServer, warm_ids: list[tuple[str, str]], e_len: int, out: Arms) -> None:
     """The semgov server's audit against the cohorts' expectations."""
     audit = server.audit()
@@ -109,8 +151,9 @@ def judge(server: VllmServer, warm_ids: list[tuple[str, str]], e_len: int, out: 
             out.problems.append(f"{cid} ({cohort}) was decided")
         if cohort == "unrelated" and any(d["decision"] == "allow" for d in decisions):
             out.problems.append(f"{cid}: unrelated evidence allowed")
-    if audit.failed:
-        out.problems.append(f"{len(audit.failed)} failed realization(s): {audit.failed[0].get('detail')}")
+    failed = [f for f in audit.failed if "-seed-" not in f"-{f.get('request_id')}-"]
+    if failed:
+        out.problems.append(f"{len(failed)} failed realization(s): {failed[0].get('detail')}")
 
 
 def _fmt(x: float | None) -> str:
@@ -151,6 +194,8 @@ def report(out: Arms, pairs: int) -> None:
     print(f"(TTFT medians over {pairs} pair(s) per cohort; left: the stock server (cold arm, warm arm),")
     print(" right: the semgov server; approved/realized: tokens over the semgov server's warm recipients,")
     print(" from its audit log)")
+    for n in out.notes:
+        print(f"note: {n}")
 
 
 def run_arm(
@@ -168,11 +213,19 @@ def run_arm(
     with launch_vllm(cfg, work, py) as srv:
         print(f"[server_check] {arm}: up after {srv.started_s:.0f}s", flush=True)
         warm = run_cohorts(srv, arm, args.pairs, args.e_len, out)
+        seed = run_seed(srv, args.seed_tokens, out) if cfg.connector and args.seed_tokens else None
         if cfg.connector:
             judge(srv, warm, args.e_len, out)
+        if seed is not None:
+            judge_seed(srv, seed, out)
+        if not srv.alive():
+            out.problems.append(f"{arm}: the server died")
         bad = srv.fatal_lines()
         if bad:
             out.problems.append(f"{arm}: {len(bad)} error line(s) in the server log: {bad[0]}")
+    st = sched_stats(work / "sched_ns.log") if cfg.connector else None
+    if st is not None:
+        out.sched_ms["vllm-semgov"] = st
     if cfg.connector:
         why = verify_audit(srv.files)
         if why is not None:
@@ -185,7 +238,13 @@ def save_results(dest: Path, work: Path, out: Arms) -> None:
     """results.json, both servers' logs and commands, and the semgov server's audit log."""
     dest.mkdir(parents=True, exist_ok=True)
     rows = {f"{c}/{a}": v for (c, a), v in out.ttft.items()}
-    doc = {"ttft_ms": rows, "approved": out.approved, "realized": out.realized, "problems": out.problems}
+    doc = {
+        "ttft_ms": rows,
+        "approved": out.approved,
+        "realized": out.realized,
+        "sched_ms": out.sched_ms,
+        "problems": out.problems,
+    }
     (dest / "results.json").write_text(json.dumps(doc, indent=2))
     for arm in ("stock", "semgov"):
         for f in ("server.log", "command.txt"):
@@ -193,6 +252,23 @@ def save_results(dest: Path, work: Path, out: Arms) -> None:
                 shutil.copy(work / arm / f, dest / f"vllm-{arm}.{f}")
     if (work / "semgov" / "hook" / "audit").exists():
         shutil.copytree(work / "semgov" / "hook" / "audit", dest / "vllm-semgov.audit", dirs_exist_ok=True)
+
+
+def cuda_preflight(py: Path) -> str | None:
+    """Why vLLM's environment cannot serve on a GPU here (None when its torch sees one)."""
+    import subprocess
+
+    probe = "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available())"
+    try:
+        run = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, timeout=180)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"could not ask vLLM's environment ({py}): {e}"
+    words = run.stdout.split()
+    if run.returncode != 0 or len(words) != 3:
+        return f"vLLM's environment ({py}) could not import torch: {run.stderr.strip()[-300:]}"
+    if words[2] != "True":
+        return f"vLLM's environment ({py}) sees no CUDA device (torch {words[0]}, CUDA {words[1]})"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -205,8 +281,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="tiny: 2-layer Llama, head_dim 64 (dummy weights); smollm2 (smollm2-135m), "
                     "qwen2.5-coder-0.5b, qwen2.5-coder-1.5b: real weights (converted once from the "
                     "registry GGUF, cached: docs/models.md)")  # fmt: skip
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cpu: vLLM's CPU build (default); cuda: its CUDA build on a GPU, in the same "
+                    "environment (docs/vllm.md, GPU install)")  # fmt: skip
     ap.add_argument("--pairs", type=int, default=2, help="pairs per cohort (default 2)")
     ap.add_argument("--e-len", type=int, default=1024, help="evidence tokens per pair (default 1024)")
+    ap.add_argument(
+        "--eager",
+        action="store_true",
+        help="--enforce-eager: no torch.compile or CUDA graphs (a faster start; rehearsals, not timings)",
+    )
+    ap.add_argument(
+        "--seed-tokens",
+        type=int,
+        default=0,
+        help="also send the seed's shape to the semgov server: one recipient of this many tokens, 97%% "
+        "of them evidence from a donor behind another wrapper (e.g. 4900; default 0: not sent)",
+    )
     ap.add_argument(
         "--out", type=Path, default=None, help="write results.json, server logs and audit logs here"
     )
@@ -214,11 +305,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.pairs < 1 or args.e_len < 256:
         ap.error("--pairs must be at least 1 and --e-len at least 256")
+    if args.seed_tokens:
+        try:
+            seed_lengths(args.seed_tokens)
+        except ValueError as e:
+            ap.error(f"--seed-tokens: {e}")
     py = vllm_python()
     if py is None:
         print(
             "[server_check] cannot run: no vLLM environment (.venv-vllm or SEMGOV_VLLM_PYTHON; docs/vllm.md)"
         )
+        print("invariant status: VIOLATED (not checked: see above)")
+        return EXIT_USAGE
+    why = cuda_preflight(py) if args.device == "cuda" else None
+    if why is not None:
+        print(f"[server_check] cannot run: --device cuda: {why}")
         print("invariant status: VIOLATED (not checked: see above)")
         return EXIT_USAGE
     model, dummy = TINY, True
@@ -233,7 +334,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for arm, connector in (("stock", False), ("semgov", True)):
             cfg = VllmServerConfig(
                 model=model, dummy_weights=dummy, connector=connector, kv_cache_gib="2",
-                hook_env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"},
+                device=args.device, eager=args.eager, max_model_len=max(4096, args.seed_tokens + 256),
+                connector_module="tests.vllm.timed_connector",
+                hook_env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "1",
+                          "SEMGOV_RIG_SCHED_LOG": str(work / arm / "sched_ns.log")},
             )  # fmt: skip
             try:
                 run_arm(cfg, arm, work / arm, py, args, out)
@@ -242,6 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print("invariant status: VIOLATED (a server did not start; see above)")
                 return EXIT_USAGE
         report(out, args.pairs)
+        print_sched(out.sched_ms)
         if args.out is not None:
             save_results(args.out, work, out)
     finally:

@@ -73,7 +73,9 @@ class VllmServerConfig:
     dummy_weights: bool = True
     connector: bool = True  # semgov's connector; False: stock vLLM (with the scope middleware)
     prefix_caching: bool = True
-    kv_cache_gib: str = "1"
+    kv_cache_gib: str = "1"  # on CPU: VLLM_CPU_KVCACHE_SPACE
+    device: str = "cpu"  # "cpu" (vLLM's CPU build) or "cuda" (its CUDA build, GPU attention backends)
+    gpu_memory_utilization: float = 0.4  # on CUDA: vLLM's share of the GPU's memory
     num_blocks: int | None = None  # --num-gpu-blocks-override: a small pool forces preemption
     max_num_seqs: int | None = None
     max_model_len: int = 4096
@@ -104,6 +106,8 @@ class VllmServerConfig:
             a += ["--dtype", self.dtype]
         if self.max_num_seqs is not None:
             a += ["--max-num-seqs", str(self.max_num_seqs)]
+        if self.device == "cuda":
+            a += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         return a
 
 
@@ -142,7 +146,6 @@ class VllmServer:
                 "SEMGOV_MIN_UNMATCHED_TOKENS": "256",
                 "SEMGOV_DECISION_TIMEOUT_MS": "30000",
                 "SEMGOV_AUDIT_WAIT_MS": "10000",
-                "VLLM_CPU_KVCACHE_SPACE": self.config.kv_cache_gib,
                 "VLLM_SERVER_DEV_MODE": "1",  # /reset_prefix_cache, to take vLLM's own prefix away
                 # semgov:* (written by the engine core process) on /metrics beside vllm:*
                 "PROMETHEUS_MULTIPROC_DIR": str(self.work / "prometheus"),
@@ -150,6 +153,8 @@ class VllmServer:
                 "TRANSFORMERS_OFFLINE": "1",
             }
         )
+        if self.config.device == "cpu":
+            env["VLLM_CPU_KVCACHE_SPACE"] = self.config.kv_cache_gib
         if self.config.kv_dump:
             self.dump_dir.mkdir(parents=True, exist_ok=True)
             env["SEMGOV_VLLM_KV_DUMP"] = str(self.dump_dir)

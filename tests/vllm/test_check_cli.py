@@ -20,7 +20,7 @@ def test_engine_vllm_runs_the_vllm_check() -> None:
     for args in (("--engine", "vllm", "--help"), ("--engine=vllm", "--help")):
         proc = _run(*args)
         assert (
-            proc.returncode == 0 and "server_check --engine vllm" in proc.stdout and "--e-len" in proc.stdout
+            proc.returncode == 0 and "server_check --engine vllm" in proc.stdout and "--eager" in proc.stdout
         )
 
 
@@ -28,7 +28,7 @@ def test_engine_sglang_is_the_default() -> None:
     """Without --engine, or with --engine sglang, the SGLang check answers (its own --help)."""
     for args in (("--help",), ("--engine", "sglang", "--help")):
         proc = _run(*args)
-        assert proc.returncode == 0 and "--servers" in proc.stdout and "--e-len" not in proc.stdout
+        assert proc.returncode == 0 and "--servers" in proc.stdout and "--eager" not in proc.stdout
 
 
 def test_an_unknown_engine_is_refused() -> None:
