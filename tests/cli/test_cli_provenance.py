@@ -39,6 +39,13 @@ def _keyring(tmp_path: Path, pub: Path, key_id: str = "gw1", revoked: bool = Fal
     return path
 
 
+def _sign(donor: Path, key: Path, ring: Path, out: Path) -> None:
+    assert (
+        main(["provenance", "sign", str(donor), "--key", str(key), "--keyring", str(ring), "--out", str(out)])
+        == 0
+    )
+
+
 @pytest.fixture
 def key(tmp_path: Path) -> tuple[Path, Path]:
     return generate_keypair(tmp_path / "gw-key")
@@ -50,22 +57,7 @@ def test_sign_names_the_key_as_the_keyring_does_and_verify_accepts(
     """sign --keyring: the envelope's key_id is the keyring's (gw1, not ed25519:...); verify
     --donor passes every check and exits 0."""
     ring, env, donor = _keyring(tmp_path, key[1]), tmp_path / "prov.json", _donor(tmp_path)
-    assert (
-        main(
-            [
-                "provenance",
-                "sign",
-                str(donor),
-                "--key",
-                str(key[0]),
-                "--keyring",
-                str(ring),
-                "--out",
-                str(env),
-            ]
-        )
-        == 0
-    )
+    _sign(donor, key[0], ring, env)
     assert json.loads(env.read_text())["key_id"] == "gw1"
     assert (
         main(["provenance", "verify", str(env), "--keyring", str(ring), "--donor", str(donor), "--json"]) == 0
@@ -80,22 +72,7 @@ def test_a_signed_envelope_passes_a_real_decisions_provenance_gate(
     """The candidate's provenance replaced by one `semgov provenance sign` wrote: semgov check's
     provenance gate passes, naming the keyring's id, and the decision is the original's."""
     ring, env = _keyring(tmp_path, key[1]), tmp_path / "prov.json"
-    assert (
-        main(
-            [
-                "provenance",
-                "sign",
-                str(_donor(tmp_path)),
-                "--key",
-                str(key[0]),
-                "--keyring",
-                str(ring),
-                "--out",
-                str(env),
-            ]
-        )
-        == 0
-    )
+    _sign(_donor(tmp_path), key[0], ring, env)
     line = json.loads(json.dumps(FIRST))
     line["candidates"][0]["provenance"] = json.loads(env.read_text())
     captured = tmp_path / "one.jsonl"
@@ -123,22 +100,7 @@ def test_verify_fails_a_tampered_payload_a_revoked_key_and_another_text(
     """A payload edited after signing (tenant), a key the keyring revoked, and a donor whose text
     is not the signed one each fail their check; exit 1."""
     ring, env, donor = _keyring(tmp_path, key[1]), tmp_path / "prov.json", _donor(tmp_path)
-    assert (
-        main(
-            [
-                "provenance",
-                "sign",
-                str(donor),
-                "--key",
-                str(key[0]),
-                "--keyring",
-                str(ring),
-                "--out",
-                str(env),
-            ]
-        )
-        == 0
-    )
+    _sign(donor, key[0], ring, env)
     doc = json.loads(env.read_text())
     doc["payload"]["tenant"] = "globex"
     forged = tmp_path / "forged.json"
