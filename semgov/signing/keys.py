@@ -119,14 +119,17 @@ def load_signing_key(path: Path, keyring: Keyring | None = None) -> SigningKey:
 
     Its key id is the one ``keyring`` gives its public key, when the keyring holds it (records
     and provenance then name the key as their verifiers look it up: a keyring that calls the key
-    ``k1`` gets signatures by ``k1``, not by ``ed25519:...``); otherwise :func:`key_id_for`. A key
-    the keyring names under several ids, or holds only as revoked, raises :class:`KeyFileError`.
+    ``k1`` gets signatures by ``k1``, not by ``ed25519:...``); otherwise, or when the keyring
+    holds it under its own :func:`key_id_for` id too, that id. A key the keyring names under
+    several other ids, or holds only as revoked, raises :class:`KeyFileError`.
     """
     key = _load_private(path)
     if keyring is None:
         return key
     named = keyring.naming(key.public_key)
     live = [k.key_id for k in named if not k.revoked]
+    if key.key_id in live:
+        return key  # NOTE: its own id is listed: signatures keep the name they always had
     if len(live) > 1:
         raise KeyFileError(
             f"the keyring names this key under several ids ({', '.join(live)}): keep one", source=str(path)

@@ -253,10 +253,15 @@ def test_a_key_loaded_with_a_keyring_takes_the_keyrings_id(tmp_path: Path) -> No
 
 
 def test_a_key_the_keyring_names_twice_or_revoked_is_refused(tmp_path: Path) -> None:
-    """Two live ids for one key, or the key only revoked: KeyFileError naming the file and the ids."""
+    """Two live ids (neither the key's own) for one key, or the key only revoked: KeyFileError
+    naming the file and the ids; a keyring listing the key's own id too keeps that id."""
     priv, pub = generate_keypair(tmp_path / "a")
     with pytest.raises(KeyFileError, match="several ids") as e:
         load_signing_key(priv, _named_keyring(tmp_path / "r1.json", ("k1", pub, False), ("k2", pub, False)))
     assert str(priv) in str(e.value) and "k1, k2" in str(e.value)
     with pytest.raises(KeyFileError, match="only as revoked"):
         load_signing_key(priv, _named_keyring(tmp_path / "r2.json", ("k1", pub, True)))
+    # listed under its own id as well: that id, as before keyrings could rename a key
+    own = key_id_for(load_public_key(pub))
+    both = _named_keyring(tmp_path / "r3.json", ("k1", pub, False), (own, pub, False))
+    assert load_signing_key(priv, both).key_id == own
