@@ -194,14 +194,13 @@ class _Child:
     ) -> None:
         from engine_hooks.core.donors import load_detokenizer
         from engine_hooks.core.metrics import hook_metrics
-        from engine_hooks.core.policies import HookPolicies, open_capture
+        from engine_hooks.core.policies import HookPolicies, load_own_key, open_capture
         from engine_hooks.core.providers import load_provider
-        from semgov.signing.keys import load_signing_key
 
         self.out = out
         self.settings = settings
         self.engine = engine
-        self.key = load_signing_key(settings.signing_key)
+        self.key = load_own_key(settings)
         capture = open_capture(settings)
         # NOTE: the capture's counters are this process's (with SGLang's --enable-metrics they join
         # the server's /metrics through the multiprocess directory this process inherits).

@@ -54,7 +54,7 @@ from engine_hooks.core.donors import (
 )
 from engine_hooks.core.events import AuditTrail, EventJob, open_audit_log
 from engine_hooks.core.metrics import BacklogSampler, hook_metrics
-from engine_hooks.core.policies import HookPolicies, ReloadOutcome, open_capture
+from engine_hooks.core.policies import HookPolicies, ReloadOutcome, load_own_key, open_capture
 from engine_hooks.core.providers import load_provider
 from engine_hooks.core.reload import ReloadWatcher, install_sighup
 from engine_hooks.core.settings import HookConfigError, HookSettings
@@ -64,7 +64,7 @@ from engine_hooks.core.warmup import Warm, Warmed, warm_decision_path
 from semgov.decide import Evaluator
 from semgov.log import describe_error, get_logger
 from semgov.policy.engine import PolicySource
-from semgov.signing.keys import SigningKey, load_signing_key
+from semgov.signing.keys import SigningKey
 from semgov.typing import CandidateProvider, SignedDecision
 
 
@@ -111,7 +111,7 @@ class Governor:
             from semgov import log
 
             log.configure(settings.log_format)
-        self.signing_key: SigningKey = load_signing_key(settings.signing_key)
+        self.signing_key: SigningKey = load_own_key(settings)
         self.context_keys = load_context_keys(settings)
         self.context_key = self.context_keys.current
         remote = settings.async_decisions and settings.decision_process

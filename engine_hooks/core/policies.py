@@ -60,6 +60,24 @@ def read_trust(settings: HookSettings) -> tuple[bytes, str]:
     return raw, "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
+def load_own_key(settings: HookSettings) -> SigningKey:
+    """The hook's signing key (``SEMGOV_SIGNING_KEY``), named as the trust keyring names it.
+
+    NOTE: the hook signs donor provenance and decision records with this key and verifies them
+    with ``SEMGOV_TRUST``: a keyring that calls the key ``k1`` must get signatures by ``k1``
+    (``load_signing_key`` with the keyring), or every donor would be refused."""
+    from semgov.errors import SemgovError
+    from semgov.signing.keys import load_signing_key
+
+    try:
+        keyring = Keyring.parse(_read_bytes(settings.trust), str(settings.trust))
+        return load_signing_key(settings.signing_key, keyring)
+    except SemgovError as e:
+        raise HookConfigError(
+            f"SEMGOV_SIGNING_KEY={settings.signing_key} with SEMGOV_TRUST={settings.trust}: {e}"
+        ) from e
+
+
 def load_trust(settings: HookSettings, own: SigningKey, raw: bytes | None = None) -> Keyring:
     """The keyring decisions are verified with (parsed from ``raw``, or read): it must hold the
     hook's own key."""

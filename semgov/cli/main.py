@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("semgov.cli.audit", "verify and review an audit log"),
     "policy": ("semgov.cli.policy", "lint and test policies"),
     "keys": ("semgov.cli.keys", "manage Ed25519 signing keys"),
+    "provenance": ("semgov.cli.provenance", "sign and verify donor provenance outside an engine"),
     "verify-decision": ("semgov.cli.verify", "check the signatures of decision records"),
     "schema": ("semgov.cli.schema", "write or check the JSON Schemas generated from the wire types"),
     "bench": ("semgov.cli.bench", "measure what KV reuse saves and what governance costs, on a real model"),

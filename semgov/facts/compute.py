@@ -254,11 +254,14 @@ def _parsed_payload(
     return parsed  # type: ignore[return-value]
 
 
-def _provenance_facts(
-    cand: Candidate, digest: DonorDigest, ctx: FactContext
-) -> tuple[ProvenanceFacts, ProvenancePayload | None, DonorFacts | None]:
-    """The provenance facts, and the payload and what it claims of the donor when it parsed."""
-    prov = cand.provenance
+def provenance_facts(
+    prov: Provenance, ctx: FactContext, *, donor_id: str, digest: DonorDigest
+) -> tuple[ProvenanceFacts, ProvenancePayload | None]:
+    """The provenance facts of ``prov`` offered as donor ``donor_id`` with the prompt of ``digest``
+    (``DonorDigest.of(prompt)``), and the payload when it parsed.
+
+    NOTE: the one provenance verifier: a decision's provenance gate and ``semgov provenance verify``
+    both call it (key status, signature over the RFC 8785 payload, payload schema, bindings)."""
     trusted = ctx.keyring.get(prov.key_id)
     key_status: Literal["trusted", "unknown", "revoked"] = (
         "unknown" if trusted is None else ("revoked" if trusted.revoked else "trusted")
@@ -266,18 +269,30 @@ def _provenance_facts(
     message = ctx.messages.get(prov)
     sig_ok = trusted is not None and _signature_ok(prov, trusted.public_key, message, ctx)
     parsed = _parsed_payload(prov, message, ctx)
-    payload, donor = parsed if isinstance(parsed, tuple) else (None, None)
+    payload = parsed[0] if isinstance(parsed, tuple) else None
     facts = ProvenanceFacts(
         key_status=key_status,
         signature_valid=sig_ok,
         payload_valid=payload is not None,
         payload_error=None if payload is not None else str(parsed),
-        donor_id_matches=payload is not None and payload.donor_id == cand.donor_id,
+        donor_id_matches=payload is not None and payload.donor_id == donor_id,
         token_hash_matches=payload is not None and payload.token_ids_sha256 == digest.token_sha256,
         segments_hash_matches=payload is not None and payload.segments_sha256 == digest.segments_sha256,
         text_hash_matches=payload is not None and _text_bound(digest.text_sha256, payload),
     )
-    return facts, payload, donor
+    return facts, payload
+
+
+def _provenance_facts(
+    cand: Candidate, digest: DonorDigest, ctx: FactContext
+) -> tuple[ProvenanceFacts, ProvenancePayload | None, DonorFacts | None]:
+    """The provenance facts, and the payload and what it claims of the donor when it parsed."""
+    facts, payload = provenance_facts(cand.provenance, ctx, donor_id=cand.donor_id, digest=digest)
+    if payload is None:
+        return facts, None, None
+    parsed = _parsed_payload(cand.provenance, ctx.messages.get(cand.provenance), ctx)
+    assert isinstance(parsed, tuple)  # NOTE: cached: the same parse provenance_facts just made
+    return facts, payload, parsed[1]
 
 
 def _text_bound(text_digest: str | None, p: ProvenancePayload) -> bool:

@@ -114,8 +114,35 @@ def _kind(key: object) -> str:
     return f"a {type(key).__name__}"
 
 
-def load_signing_key(path: Path) -> SigningKey:
-    """Load a PKCS#8 PEM Ed25519 private key."""
+def load_signing_key(path: Path, keyring: Keyring | None = None) -> SigningKey:
+    """Load a PKCS#8 PEM Ed25519 private key.
+
+    Its key id is the one ``keyring`` gives its public key, when the keyring holds it (records
+    and provenance then name the key as their verifiers look it up: a keyring that calls the key
+    ``k1`` gets signatures by ``k1``, not by ``ed25519:...``); otherwise, or when the keyring
+    holds it under its own :func:`key_id_for` id too, that id. A key the keyring names under
+    several other ids, or holds only as revoked, raises :class:`KeyFileError`.
+    """
+    key = _load_private(path)
+    if keyring is None:
+        return key
+    named = keyring.naming(key.public_key)
+    live = [k.key_id for k in named if not k.revoked]
+    if key.key_id in live:
+        return key  # NOTE: its own id is listed: signatures keep the name they always had
+    if len(live) > 1:
+        raise KeyFileError(
+            f"the keyring names this key under several ids ({', '.join(live)}): keep one", source=str(path)
+        )
+    if named and not live:
+        raise KeyFileError(
+            f"the keyring holds this key only as revoked ({', '.join(k.key_id for k in named)})",
+            source=str(path),
+        )
+    return SigningKey(key.private_key, live[0]) if live else key
+
+
+def _load_private(path: Path) -> SigningKey:
     data = _read(path)
     try:
         key = serialization.load_pem_private_key(data, password=None)
@@ -230,6 +257,11 @@ class Keyring:
 
     def get(self, key_id: str) -> TrustedKey | None:
         return self._keys.get(key_id)
+
+    def naming(self, public_key: Ed25519PublicKey) -> list[TrustedKey]:
+        """Every entry whose key material is ``public_key`` (revoked ones included), by id."""
+        raw = _raw(public_key)
+        return sorted((k for k in self._keys.values() if _raw(k.public_key) == raw), key=lambda k: k.key_id)
 
     def __len__(self) -> int:
         return len(self._keys)

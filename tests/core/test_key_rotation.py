@@ -100,3 +100,22 @@ def test_previous_context_key_is_checked(
     prev.write_bytes(hook_files.context_secret if content is None else content)
     with pytest.raises(HookConfigError, match=f"SEMGOV_CONTEXT_KEY_PREVIOUS={prev}: .*{why}"):
         _governor(hook_files, SEMGOV_CONTEXT_KEY_PREVIOUS=str(prev))
+
+
+def test_a_trust_keyring_that_names_the_hooks_key_k1_is_used_as_named(hook_files: HookFiles) -> None:
+    """SEMGOV_TRUST calling the hook's own key "k1" (as the example keyring does): the governor
+    starts and signs as k1, so its donors' provenance and its records verify under that name
+    (before: refused at start, "does not hold the hook's own key ed25519:...")."""
+    pub = hook_files.signing_key.with_name("signing-key.pub.pem")
+    hook_files.trust.write_text(json.dumps({"keys": [{"key_id": "k1", "public_key": pub.read_text()}]}))
+    gov = _governor(hook_files)
+    try:
+        assert gov.signing_key.key_id == "k1"
+        assert gov.wait_idle() and [w.error for w in gov.warmups] == [None]
+        gov.event("reuse_disabled", detail="signed as k1")
+    finally:
+        gov.close()
+    audit_keyring = hook_files.dir / "audit-keyring.json"
+    audit_keyring.write_text(json.dumps({"keys": [{"key_id": "k1", "public_key": pub.read_text()}]}))
+    rep = verify_log(hook_files.audit_dir, keyring=AuditKeyring.load(audit_keyring), workers=1)
+    assert rep.ok and rep.records == 1, rep.problems

@@ -231,3 +231,37 @@ def test_keyring_json_syntax_error_names_the_line(tmp_path: Path) -> None:
     with pytest.raises(InputError) as e:
         Keyring.load(path)
     assert e.value.line == 3 and str(e.value).startswith(f"{path}:3: keyring is not valid JSON")
+
+
+def _named_keyring(path: Path, *entries: tuple[str, Path, bool]) -> Keyring:
+    doc = {
+        "keys": [{"key_id": kid, "public_key": pub.read_text(), "revoked": rev} for kid, pub, rev in entries]
+    }
+    path.write_text(json.dumps(doc))
+    return Keyring.load(path)
+
+
+def test_a_key_loaded_with_a_keyring_takes_the_keyrings_id(tmp_path: Path) -> None:
+    """load_signing_key(path, keyring): the id the keyring gives the key's public half (the "k1"
+    trap: signatures by ed25519:... that a keyring naming the key k1 would never find)."""
+    priv, pub = generate_keypair(tmp_path / "a")
+    _, other = generate_keypair(tmp_path / "b")
+    assert load_signing_key(priv, _named_keyring(tmp_path / "r1.json", ("k1", pub, False))).key_id == "k1"
+    # a keyring that does not hold the key: its own id, as without a keyring
+    plain = load_signing_key(priv, _named_keyring(tmp_path / "r2.json", ("k9", other, False)))
+    assert plain.key_id == key_id_for(load_public_key(pub))
+
+
+def test_a_key_the_keyring_names_twice_or_revoked_is_refused(tmp_path: Path) -> None:
+    """Two live ids (neither the key's own) for one key, or the key only revoked: KeyFileError
+    naming the file and the ids; a keyring listing the key's own id too keeps that id."""
+    priv, pub = generate_keypair(tmp_path / "a")
+    with pytest.raises(KeyFileError, match="several ids") as e:
+        load_signing_key(priv, _named_keyring(tmp_path / "r1.json", ("k1", pub, False), ("k2", pub, False)))
+    assert str(priv) in str(e.value) and "k1, k2" in str(e.value)
+    with pytest.raises(KeyFileError, match="only as revoked"):
+        load_signing_key(priv, _named_keyring(tmp_path / "r2.json", ("k1", pub, True)))
+    # listed under its own id as well: that id, as before keyrings could rename a key
+    own = key_id_for(load_public_key(pub))
+    both = _named_keyring(tmp_path / "r3.json", ("k1", pub, False), (own, pub, False))
+    assert load_signing_key(priv, both).key_id == own
