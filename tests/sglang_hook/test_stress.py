@@ -14,7 +14,7 @@ the scheduler feeds it and the pin accounting must hold; every row released (fin
 must hold exactly what a cold prefill writes. At the end everything is released, the tree
 evicted and the pool must be whole.
 
-Steps per run: 20,000 in CI (``SEMGOV_STRESS_STEPS`` sets another number; the runs are seeded, so a
+Steps per run: 12,000 in CI (``SEMGOV_STRESS_STEPS`` sets another number; the runs are seeded, so a
 longer run repeats these steps first). Measured (2-core CPU machine, otherwise idle, one torch
 thread, 2026-12-07): 30,000 steps per run, page size 1 in 101 s (466 realizations, 123k tokens,
 137 cold fallbacks, 9,731 decisions), page size 4 in 112 s (495 realizations, 161 fallbacks, 10,407
@@ -40,7 +40,7 @@ from tests.sglang_hook.scenario import FALLBACK_REASONS, Layout, assert_every_al
 
 pytestmark = pytest.mark.stress
 
-STEPS = int(os.environ.get("SEMGOV_STRESS_STEPS", "20000"))
+STEPS = int(os.environ.get("SEMGOV_STRESS_STEPS", "12000"))
 SIZE = 4096  # KV pool slots: about eight requests' worth, so that the pool is often full
 SCOPES = [("acme", "ns1"), ("acme", "ns2"), ("globex", "ns1"), ("initech", "ns1")]
 # (seed, system length, evidence length): every length is a multiple of 4 (page-aligned for page 4),
@@ -371,7 +371,7 @@ class _Driver:
 def test_randomized_scheduler_run_keeps_every_invariant(
     make_harness: Any, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, page_size: int
 ) -> None:
-    """20,000 seeded scheduler steps with reuse, pressure and aborts: every invariant holds after each."""
+    """12,000 seeded scheduler steps with reuse, pressure and aborts: every invariant holds after each."""
     h = make_harness(page_size=page_size, size=SIZE)
     # SGLang prints its whole tree on every prefill out-of-memory (a debugging aid): keep the log short.
     monkeypatch.setattr(h.tree, "pretty_print", lambda: None)
