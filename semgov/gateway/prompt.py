@@ -1,0 +1,167 @@
+"""What the prompt is: chat messages to the token ids the engine serves, and their segments.
+
+The gateway sends token ids, never text, so the engine cannot tokenize differently from the
+segments the token names. A chat request is rendered with the model's own chat template
+(``apply_chat_template``, generation prompt added), the whole text is tokenized once with the
+model's own tokenizer (no special tokens added: the template writes them, as
+``apply_chat_template(tokenize=True)`` does), and each token belongs to the segment its first
+character lies in. Message *i*'s segment runs from the end of message *i-1*'s content to the end
+of its own (so the template's markup before a message belongs to it), and the last one runs to
+the end of the text (the generation prompt). A BPE token that spans a boundary belongs to the
+segment it starts in; a segment left without a token is dropped. The segments therefore tile the
+token ids, in order, from 0: what :mod:`semgov.context` requires.
+
+Roles: each message gets a segment role by its chat role (:data:`ROLE_DEFAULTS`), or the one the
+client marked for it (``semgov.segments``: ``[{"message": i, "role": r}]``).
+
+A template that does not copy a message's content verbatim (it rewrites or drops it) cannot be
+segmented: the prompt is then one ``other`` segment (:attr:`Prompt.segmented` False), which is
+served but gets no shifted reuse.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from semgov.gateway.tenants import Refusal
+
+__all__ = ["ROLE_DEFAULTS", "ROLES", "ModelTokenizer", "Prompt", "segments_of_spans"]
+
+ROLES = ("system", "instruction", "evidence", "question", "other")
+ROLE_DEFAULTS = {
+    "system": "system",
+    "developer": "instruction",
+    "user": "question",
+    "assistant": "other",
+    "tool": "evidence",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """Token ids and the ``(role, start, end)`` segments tiling them."""
+
+    ids: list[int]
+    segments: list[tuple[str, int, int]]
+    segmented: bool = True
+
+
+def segments_of_spans(
+    starts: Sequence[int], spans: Sequence[tuple[str, int]], n_tokens: int
+) -> list[tuple[str, int, int]]:
+    """Token segments of character ``spans`` (``(role, end)``, in order, the last ending at the
+    text's end), given each token's first character ``starts`` (non-decreasing)."""
+    out: list[tuple[str, int, int]] = []
+    lo = 0
+    for i, (role, end) in enumerate(spans):
+        hi = n_tokens if i == len(spans) - 1 else bisect.bisect_left(starts, end, lo)
+        if hi > lo:
+            if out and out[-1][0] == role:
+                out[-1] = (role, out[-1][1], hi)
+            else:
+                out.append((role, lo, hi))
+        lo = max(lo, hi)
+    return out
+
+
+class ModelTokenizer:
+    """The model's own tokenizer and chat template, loaded from a local directory (no download)."""
+
+    def __init__(self, directory: Path) -> None:
+        from transformers import AutoTokenizer
+
+        self.directory = directory
+        self.hf: Any = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        self.fast: Any = self.hf.backend_tokenizer  # NOTE: transformers' fast tokenizers only
+        self.vocab_size = int(self.fast.get_vocab_size(with_added_tokens=True))
+        self.has_template = bool(getattr(self.hf, "chat_template", None))
+
+    def encode(self, text: str) -> tuple[list[int], list[int]]:
+        """Token ids of ``text`` (no special tokens added) and where each token starts in it."""
+        enc = self.fast.encode(text, add_special_tokens=False)
+        return list(enc.ids), [a for a, _ in enc.offsets]
+
+    def render(self, messages: list[dict[str, Any]]) -> str:
+        """The chat template's text of ``messages`` with the generation prompt (raises :class:`Refusal`)."""
+        if not self.has_template:
+            raise Refusal(400, "no_chat_template", "the model has no chat template: use /v1/completions")
+        try:
+            text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # noqa: BLE001 - a template error (jinja raise_exception) is the client's
+            raise Refusal(
+                400, "chat_template", f"the chat template refused the messages: {str(e)[:200]}"
+            ) from e
+        if not isinstance(text, str):
+            raise Refusal(400, "chat_template", "the chat template did not render text")
+        return text
+
+    def chat(self, messages: list[dict[str, Any]], roles: Sequence[str]) -> Prompt:
+        """Token ids and segments of ``messages`` rendered by the chat template, one role per message."""
+        text = self.render(messages)
+        ids, starts = self.encode(text)
+        spans: list[tuple[str, int]] = []
+        pos = 0
+        for m, role in zip(messages, roles, strict=True):
+            content = _text_of(m.get("content"))
+            if not content:
+                continue
+            at = text.find(content, pos)
+            if at < 0 and content.strip():
+                content = content.strip()
+                at = text.find(content, pos)
+            if at < 0:
+                return Prompt(ids, [("other", 0, len(ids))] if ids else [], segmented=False)
+            pos = at + len(content)
+            spans.append((role, pos))
+        if not ids:
+            raise Refusal(400, "empty_prompt", "the prompt has no tokens")
+        if not spans:
+            return Prompt(ids, [("other", 0, len(ids))], segmented=False)
+        spans[-1] = (spans[-1][0], len(text))
+        return Prompt(ids, segments_of_spans(starts, spans, len(ids)))
+
+    def text(self, text: str, spans: Sequence[tuple[str, int, int]] | None) -> Prompt:
+        """Token ids of a completion prompt, with segments from character ``spans`` tiling ``text``."""
+        ids, starts = self.encode(text)
+        if not ids:
+            raise Refusal(400, "empty_prompt", "the prompt has no tokens")
+        if spans is None:
+            return Prompt(ids, [("other", 0, len(ids))], segmented=False)
+        _check_tiling(spans, len(text), "characters of the prompt")
+        return Prompt(ids, segments_of_spans(starts, [(r, e) for r, _, e in spans], len(ids)))
+
+    def token_ids(self, ids: list[int], spans: Sequence[tuple[str, int, int]] | None) -> Prompt:
+        """A prompt the client sent as token ids, with segments in token offsets."""
+        if not ids:
+            raise Refusal(400, "empty_prompt", "the prompt has no tokens")
+        if any(not 0 <= t < self.vocab_size for t in ids):
+            raise Refusal(400, "token_id", f"prompt token ids must lie in [0, {self.vocab_size})")
+        if spans is None:
+            return Prompt(ids, [("other", 0, len(ids))], segmented=False)
+        _check_tiling(spans, len(ids), "prompt tokens")
+        return Prompt(ids, [(r, s, e) for r, s, e in spans if e > s])
+
+
+def _check_tiling(spans: Sequence[tuple[str, int, int]], total: int, what: str) -> None:
+    pos = 0
+    for role, start, end in spans:
+        if start != pos or end < start:
+            raise Refusal(400, "segments", f"semgov.segments must tile the {what} in order from 0")
+        if role not in ROLES:
+            raise Refusal(400, "segments", f"segment role must be one of {', '.join(ROLES)}")
+        pos = end
+    if pos != total:
+        raise Refusal(400, "segments", f"semgov.segments end at {pos}, the prompt has {total} {what}")
+
+
+def _text_of(content: object) -> str:
+    """A message's content as text: a string, or the text of its ``{"type": "text"}`` parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
