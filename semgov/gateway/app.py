@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -139,6 +140,7 @@ class Gateway:
         self.tokenizer = tokenizer if tokenizer is not None else ModelTokenizer(config.tokenizer)
         self.session: aiohttp.ClientSession | None = None
         self._poll: asyncio.Task[None] | None = None
+        self._hup = False
 
     # ---- the app -----------------------------------------------------------------------------
 
@@ -164,8 +166,15 @@ class Gateway:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
         self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         self._poll = asyncio.create_task(self.reloader.poll_forever(self.config.reload_poll_s))
+        try:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reloader.reload, "SIGHUP")
+            self._hup = True
+        except (NotImplementedError, RuntimeError, ValueError, AttributeError):
+            pass  # NOTE: not the main thread, or no SIGHUP on this platform: the poll still reloads
 
     async def stop(self) -> None:
+        if self._hup:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         if self._poll is not None:
             self._poll.cancel()
         if self.session is not None:
@@ -213,6 +222,12 @@ class Gateway:
             body = self.prepare(key, parsed, out)
         except Refusal as r:
             return self._refused(r, out)
+        except Exception as e:  # noqa: BLE001 - a gateway bug: 500 with the request id, never a traceback
+            out.status, out.outcome = 500, "gateway_error"
+            self._done(out, reason=describe_error(e))
+            return self._error(
+                500, f"internal gateway error (request {out.request_id})", "server_error", out.request_id
+            )
         out.prepare_s = time.perf_counter() - out.started
         self.metrics.prepare_seconds.labels(out.route).observe(out.prepare_s)
         try:
