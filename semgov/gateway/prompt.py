@@ -22,6 +22,8 @@ served but gets no shifted reuse.
 from __future__ import annotations
 
 import bisect
+import re
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +50,7 @@ class Prompt:
     ids: list[int]
     segments: list[tuple[str, int, int]]
     segmented: bool = True
+    text: str | None = None  # the rendered text the ids are the tokenization of (None: ids sent)
 
 
 def segments_of_spans(
@@ -71,7 +74,7 @@ def segments_of_spans(
 class ModelTokenizer:
     """The model's own tokenizer and chat template, loaded from a local directory (no download)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, cache_chars: int = 32 << 20) -> None:
         from transformers import AutoTokenizer
 
         self.directory = directory
@@ -79,11 +82,11 @@ class ModelTokenizer:
         self.fast: Any = self.hf.backend_tokenizer  # NOTE: transformers' fast tokenizers only
         self.vocab_size = int(self.fast.get_vocab_size(with_added_tokens=True))
         self.has_template = bool(getattr(self.hf, "chat_template", None))
+        self.pieces = PieceCache(self.fast, cache_chars)
 
     def encode(self, text: str) -> tuple[list[int], list[int]]:
         """Token ids of ``text`` (no special tokens added) and where each token starts in it."""
-        enc = self.fast.encode(text, add_special_tokens=False)
-        return list(enc.ids), [a for a, _ in enc.offsets]
+        return self.pieces.encode(text)
 
     def render(self, messages: list[dict[str, Any]]) -> str:
         """The chat template's text of ``messages`` with the generation prompt (raises :class:`Refusal`)."""
@@ -114,15 +117,15 @@ class ModelTokenizer:
                 content = content.strip()
                 at = text.find(content, pos)
             if at < 0:
-                return Prompt(ids, [("other", 0, len(ids))] if ids else [], segmented=False)
+                return Prompt(ids, [("other", 0, len(ids))] if ids else [], segmented=False, text=text)
             pos = at + len(content)
             spans.append((role, pos))
         if not ids:
             raise Refusal(400, "empty_prompt", "the prompt has no tokens")
         if not spans:
-            return Prompt(ids, [("other", 0, len(ids))], segmented=False)
+            return Prompt(ids, [("other", 0, len(ids))], segmented=False, text=text)
         spans[-1] = (spans[-1][0], len(text))
-        return Prompt(ids, segments_of_spans(starts, spans, len(ids)))
+        return Prompt(ids, segments_of_spans(starts, spans, len(ids)), text=text)
 
     def text(self, text: str, spans: Sequence[tuple[str, int, int]] | None) -> Prompt:
         """Token ids of a completion prompt, with segments from character ``spans`` tiling ``text``."""
@@ -130,9 +133,9 @@ class ModelTokenizer:
         if not ids:
             raise Refusal(400, "empty_prompt", "the prompt has no tokens")
         if spans is None:
-            return Prompt(ids, [("other", 0, len(ids))], segmented=False)
+            return Prompt(ids, [("other", 0, len(ids))], segmented=False, text=text)
         _check_tiling(spans, len(text), "characters of the prompt")
-        return Prompt(ids, segments_of_spans(starts, [(r, e) for r, _, e in spans], len(ids)))
+        return Prompt(ids, segments_of_spans(starts, [(r, e) for r, _, e in spans], len(ids)), text=text)
 
     def token_ids(self, ids: list[int], spans: Sequence[tuple[str, int, int]] | None) -> Prompt:
         """A prompt the client sent as token ids, with segments in token offsets."""
@@ -144,6 +147,77 @@ class ModelTokenizer:
             return Prompt(ids, [("other", 0, len(ids))], segmented=False)
         _check_tiling(spans, len(ids), "prompt tokens")
         return Prompt(ids, [(r, s, e) for r, s, e in spans if e > s])
+
+
+class PieceCache:
+    """``encode``, with the text between added tokens (``<|im_start|>``, ...) tokenized once per piece.
+
+    A Hugging Face tokenizer splits its input on added tokens *before* it normalizes and
+    pre-tokenizes, and tokenizes each piece on its own; so the ids of a text are the ids of its
+    pieces, concatenated, with each added token's id between them. Long pieces repeat across
+    requests (a retrieved document, a system prompt), and this keeps their ids (LRU, at most
+    ``max_chars`` characters of keys). It is used only when that splitting is exact for this
+    tokenizer: every added token is matched verbatim (not normalized, no ``lstrip``/``rstrip``/
+    ``single_word``), and a probe text encodes the same both ways; otherwise every call encodes the
+    whole text. ``tests/gateway/test_prompt.py`` checks the equality on arbitrary texts.
+    """
+
+    MIN_CHARS = 256
+
+    def __init__(self, fast: Any, max_chars: int) -> None:
+        self.fast = fast
+        self.max_chars = max_chars
+        self.chars = 0
+        self.hits = self.misses = 0
+        self._cache: OrderedDict[str, tuple[list[int], list[int]]] = OrderedDict()
+        added = {int(i): a for i, a in fast.get_added_tokens_decoder().items()}
+        self.ids = {a.content: i for i, a in added.items()}
+        verbatim = all(not (a.normalized or a.lstrip or a.rstrip or a.single_word) for a in added.values())
+        names = sorted(self.ids, key=len, reverse=True)
+        self.split = re.compile("|".join(map(re.escape, names))) if names and verbatim else None
+        if self.split is not None:
+            probe = "".join(f"{n} x{n}y \n {n}\n\n" for n in names[:8]) + " tail"
+            if self._split_encode(probe) != self._whole(probe):
+                self.split = None
+
+    def _whole(self, text: str) -> tuple[list[int], list[int]]:
+        enc = self.fast.encode(text, add_special_tokens=False)
+        return list(enc.ids), [a for a, _ in enc.offsets]
+
+    def _piece(self, text: str, start: int, ids: list[int], starts: list[int]) -> None:
+        hit = self._cache.get(text) if len(text) >= self.MIN_CHARS else None
+        if hit is None:
+            hit = self._whole(text)
+            self.misses += 1
+            if len(text) >= self.MIN_CHARS and len(text) <= self.max_chars:
+                self._cache[text] = hit
+                self.chars += len(text)
+                while self.chars > self.max_chars:
+                    old, _ = self._cache.popitem(last=False)
+                    self.chars -= len(old)
+        else:
+            self.hits += 1
+            self._cache.move_to_end(text)
+        ids.extend(hit[0])
+        starts.extend(a + start for a in hit[1])
+
+    def _split_encode(self, text: str) -> tuple[list[int], list[int]]:
+        assert self.split is not None
+        ids: list[int] = []
+        starts: list[int] = []
+        pos = 0
+        for m in self.split.finditer(text):
+            if m.start() > pos:
+                self._piece(text[pos : m.start()], pos, ids, starts)
+            ids.append(self.ids[m.group()])
+            starts.append(m.start())
+            pos = m.end()
+        if pos < len(text):
+            self._piece(text[pos:], pos, ids, starts)
+        return ids, starts
+
+    def encode(self, text: str) -> tuple[list[int], list[int]]:
+        return self._whole(text) if self.split is None else self._split_encode(text)
 
 
 def _check_tiling(spans: Sequence[tuple[str, int, int]], total: int, what: str) -> None:

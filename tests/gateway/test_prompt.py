@@ -137,3 +137,24 @@ def test_any_messages_give_the_templates_ids_and_tiling_segments(
         return
     p = tok().chat(messages, roles)
     assert p.ids == expected and tiles(p.segments, len(p.ids))
+
+
+_SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<file_sep>"]
+_piece_text = st.lists(
+    st.one_of(st.sampled_from(_SPECIALS), _text, st.text(alphabet=" \n\t.ab1<|>", max_size=20)), max_size=12
+).map("".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_piece_text, min_size=1, max_size=4))
+def test_piece_cache_encodes_exactly_as_the_whole_text(texts: list[str]) -> None:
+    """Ids and token starts with the piece cache equal the tokenizer's on the whole text, cold and warm."""
+    cache = tok().pieces
+    assert cache.split is not None  # NOTE: SmolLM2's added tokens are verbatim: the cache is on
+    cache.MIN_CHARS = 1  # type: ignore[misc]  # NOTE: cache every piece, so warm calls read the cache
+    try:
+        for text in [*texts, *texts, "".join(texts) * 3]:
+            enc = tok().fast.encode(text, add_special_tokens=False)
+            assert cache.encode(text) == (list(enc.ids), [a for a, _ in enc.offsets])
+    finally:
+        del cache.MIN_CHARS
