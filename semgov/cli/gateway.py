@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,33 @@ _SERVE_ARGS: tuple[tuple[str, dict[str, Any]], ...] = (
                          "help": "how often the tenants file and key are looked at (default 1)"}),
     ("--log", {"choices": ("json", "text"), "default": "json",
                "help": "request log format on stderr (default json)"}),
+    ("--capture-dir", {"type": Path, "metavar": "DIR",
+                       "help": "capture answered requests here as semgov.captured_request/v1 lines for "
+                       "`semgov check` and `semgov diff` (needs --capture-rate, --capture-provenance-key, "
+                       "--capture-policy-version)"}),
+    ("--capture-rate", {"type": float, "metavar": "SHARE", "help": "share of answered requests "
+                                                                   "captured, in (0, 1]"}),
+    ("--capture-text", {"action": "store_true",
+                        "help": "also capture the prompt text (off: token ids only; both are personal "
+                                "data)"}),
+    ("--capture-provenance-key", {"type": Path, "metavar": "PEM",
+                                  "help": "Ed25519 key that signs each captured request's provenance as "
+                                          "a donor"}),
+    ("--capture-keyring", {"type": Path, "metavar": "FILE",
+                           "help": "the keyring replays verify provenance with: names the key by its id "
+                                   "there"}),
+    ("--capture-policy-version", {"metavar": "VERSION",
+                                  "help": "the policy the engines run, as NAME@VERSION (e.g. default@1; "
+                                  "provenance names it)"}),
+    ("--capture-candidates", {"type": int, "default": 8,
+                              "help": "candidates per captured request: the last N captured, any tenant "
+                                      "(default 8)"}),
+    ("--capture-max-mb", {"type": int, "default": 64, "help": "rotate a capture file past this size "
+                                                              "(default 64)"}),
+    ("--capture-max-total-mb", {"type": int, "default": 1024,
+                                "help": "the capture directory stays under this size (default 1024)"}),
+    ("--capture-max-age-h", {"type": int, "default": 168, "help": "capture files older than this are "
+                                                                  "deleted (default 168)"}),
 )  # fmt: skip
 
 
@@ -142,6 +170,7 @@ def run_serve(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer, token_lifetime_s=args.token_lifetime_s,
         max_body_bytes=int(args.max_body_mb * (1 << 20)), reload_poll_s=args.reload_poll_s,
     )  # fmt: skip
+    config = replace(config, capture=_capture_config(args))
     if not args.tokenizer.is_dir():
         raise InputError(
             "not a directory (the model's tokenizer files and chat template)", source=str(args.tokenizer)
@@ -156,6 +185,27 @@ def run_serve(args: argparse.Namespace) -> int:
         gateway.app(), host=args.host, port=args.port, log_level="warning", access_log=False, lifespan="on"
     )
     return 0
+
+
+def _capture_config(args: argparse.Namespace) -> Any:
+    from semgov.gateway.capture import CaptureConfig
+
+    if args.capture_dir is None:
+        return None
+    for flag in ("capture_rate", "capture_provenance_key", "capture_policy_version"):
+        if getattr(args, flag) is None:
+            raise InputError(f"--capture-dir needs --{flag.replace('_', '-')}")
+    if "@" not in args.capture_policy_version:
+        got = args.capture_policy_version
+        raise InputError(f"--capture-policy-version must be NAME@VERSION (e.g. default@1), got {got!r}")
+    if not 0.0 < args.capture_rate <= 1.0:
+        raise InputError(f"--capture-rate must be in (0, 1], got {args.capture_rate}")
+    return CaptureConfig(
+        directory=args.capture_dir, rate=args.capture_rate, provenance_key=args.capture_provenance_key,
+        policy_version=args.capture_policy_version, keyring=args.capture_keyring, keep_text=args.capture_text,
+        candidates=args.capture_candidates, max_mb=args.capture_max_mb,
+        max_total_mb=args.capture_max_total_mb, max_age_h=args.capture_max_age_h,
+    )  # fmt: skip
 
 
 def _pair(text: str, what: str) -> tuple[str, str]:

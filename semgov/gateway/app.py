@@ -30,11 +30,13 @@ from typing import Any
 
 import aiohttp
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from semgov.context import ContextError, make_context_token
+from semgov.gateway.capture import CaptureConfig, EdgeCapture, Forwarded
 from semgov.gateway.metrics import GatewayMetrics
 from semgov.gateway.prompt import ModelTokenizer, Prompt
 from semgov.gateway.reload import Reloader
@@ -71,6 +73,7 @@ class GatewayConfig:
     max_body_bytes: int = 8 << 20
     max_prompt_chars: int = 2_000_000
     reload_poll_s: float = 1.0
+    capture: CaptureConfig | None = None
 
 
 def api_key_of(headers: Any, query: Any) -> str:
@@ -78,6 +81,8 @@ def api_key_of(headers: Any, query: Any) -> str:
 
     Raises :class:`Refusal` 401, saying where the key should have been."""
     h = headers.get("authorization")
+    if len(headers.getlist("authorization")) > 1:  # NOTE: a reader before us may take another one
+        raise Refusal(401, "key_header", "send exactly one `Authorization: Bearer <key>` header")
     if h is None:
         for name in _WRONG_PLACES:
             if name in headers:
@@ -99,8 +104,11 @@ def api_key_of(headers: Any, query: Any) -> str:
 async def read_body(request: Request, limit: int) -> bytes:
     """The body, at most ``limit`` bytes (raises :class:`Refusal` 413 past it, without reading on)."""
     declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
-        raise Refusal(413, "body_size", f"the body is larger than {limit} bytes")
+    if declared is not None:
+        if not (declared.isascii() and declared.isdigit()):  # NOTE: "²".isdigit(), and int() refuses it
+            raise Refusal(400, "content_length", "the Content-Length header is not a number")
+        if len(declared.lstrip("0")) > 18 or int(declared) > limit:  # NOTE: int() refuses 4,300+ digits
+            raise Refusal(413, "body_size", f"the body is larger than {limit} bytes")
     chunks, n = [], 0
     async for chunk in request.stream():
         n += len(chunk)
@@ -128,6 +136,7 @@ class _Outcome:
     prepare_s: float | None = None
     upstream_s: float | None = None
     prompt_tokens: int | None = None
+    forwarded: Forwarded | None = None  # what the capture records once the engine answered in full
 
 
 class Gateway:
@@ -139,6 +148,7 @@ class Gateway:
         self.reloader = Reloader(config.tenants, config.context_key, self.metrics)  # raises on bad files
         self.tokenizer = tokenizer if tokenizer is not None else ModelTokenizer(config.tokenizer)
         self.session: aiohttp.ClientSession | None = None
+        self.capture = EdgeCapture(config.capture) if config.capture is not None else None
         self._poll: asyncio.Task[None] | None = None
         self._hup = False
 
@@ -152,7 +162,9 @@ class Gateway:
             Route("/health", self._health, methods=["GET"]),
             Route("/metrics", self._metrics, methods=["GET"]),
         ]
-        return Starlette(routes=routes, lifespan=self._lifespan)
+        return Starlette(
+            routes=routes, lifespan=self._lifespan, exception_handlers={HTTPException: self._http_error}
+        )
 
     @asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -179,12 +191,23 @@ class Gateway:
             self._poll.cancel()
         if self.session is not None:
             await self.session.close()
+        if self.capture is not None:
+            await asyncio.to_thread(self.capture.close)
 
     async def _chat(self, request: Request) -> Response:
         return await self.handle(request, chat=True)
 
     async def _completions(self, request: Request) -> Response:
         return await self.handle(request, chat=False)
+
+    async def _http_error(self, request: Request, exc: Exception) -> Response:
+        """A path or method not served (404, 405): an OpenAI-style error like every other refusal."""
+        assert isinstance(exc, HTTPException)  # NOTE: the only type this handler is registered for
+        return JSONResponse(
+            error_body(exc.detail, "invalid_request_error", exc.status_code),
+            status_code=exc.status_code,
+            headers=exc.headers,
+        )
 
     async def _health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -251,6 +274,11 @@ class Gateway:
         grant = authorize(key, parsed.claims, datetime.now(UTC))
         prompt = self._prompt(parsed)
         out.prompt_tokens = len(prompt.ids)
+        if self.capture is not None:
+            out.forwarded = Forwarded(
+                out.request_id, datetime.now(UTC), grant.tenant, grant.namespace, grant.task,
+                grant.response_contract, prompt.ids, prompt.segments, prompt.text,
+            )  # fmt: skip
         try:
             token = make_context_token(
                 self.reloader.context_key,
@@ -395,6 +423,9 @@ class Gateway:
 
     def _done(self, out: _Outcome, reason: str | None = None) -> None:
         self.metrics.requests.labels(out.tenant, out.route, out.outcome).inc()
+        if self.capture is not None and out.forwarded is not None and out.outcome == "ok":
+            queued = self.capture.offer(out.forwarded)
+            self.metrics.captured.labels("queued" if queued else "skipped").inc()
         try:
             get_logger().info(
                 "gateway request", request_id=out.request_id, tenant=out.tenant, key_id=out.key_id,

@@ -24,6 +24,7 @@ class GatewayMetrics:
     prepare_seconds: Histogram
     reloads: Counter
     tenants: Gauge
+    captured: Counter
     in_flight: Gauge
 
     @classmethod
@@ -52,6 +53,10 @@ class GatewayMetrics:
             reloads=Counter(
                 "semgov_gateway_reloads", "Reloads of the tenants file and context key, by outcome",
                 ["outcome"], registry=r,
+            ),
+            captured=Counter(
+                "semgov_gateway_captured", "Answered requests offered to the capture: queued or skipped "
+                "(sampled out, or the queue full)", ["outcome"], registry=r,
             ),
             tenants=Gauge("semgov_gateway_keys", "API keys in the loaded tenants file", registry=r),
             in_flight=Gauge("semgov_gateway_in_flight", "Requests being forwarded now", registry=r),

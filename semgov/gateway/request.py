@@ -1,9 +1,10 @@
 """What a client may send: the bounded parse of a request body, and the fields the gateway forwards.
 
 Every parse is bounded before it runs: the body's size (``max_body_bytes``), its JSON nesting
-(:data:`MAX_DEPTH`, counted on the raw bytes before ``json.loads``), the number of messages and
-the length of every string the gateway reads. Everything refused is a :class:`Refusal` with a
-4xx status and a message naming the field; nothing here raises anything else.
+(:data:`MAX_DEPTH`, counted before parsing), the number of messages and the length of every
+string the gateway reads; the JSON is strict (no duplicate key, ``NaN`` or lone surrogate).
+Everything refused is a :class:`Refusal` with a 4xx status and a message naming the field;
+nothing here raises anything else.
 
 The body is an allowlist: the OpenAI sampling fields in :data:`FORWARDED` pass to the engine as
 sent (the engine checks their values), ``semgov`` holds the claims and segment marks, and any
@@ -20,6 +21,7 @@ from typing import Any
 
 from semgov.gateway.prompt import ROLE_DEFAULTS, ROLES
 from semgov.gateway.tenants import Claims, Refusal
+from semgov.wire import strictjson
 
 __all__ = ["FORWARDED", "MAX_DEPTH", "Parsed", "parse_body"]
 
@@ -58,40 +60,18 @@ class Parsed:
     stream: bool
 
 
-def _depth_ok(raw: bytes) -> bool:
-    """Whether ``raw``'s brackets nest at most :data:`MAX_DEPTH` deep (strings skipped)."""
-    depth, in_str, esc = 0, False, False
-    for b in raw:
-        if in_str:
-            if esc:
-                esc = False
-            elif b == 0x5C:
-                esc = True
-            elif b == 0x22:
-                in_str = False
-        elif b == 0x22:
-            in_str = True
-        elif b in (0x5B, 0x7B):
-            depth += 1
-            if depth > MAX_DEPTH:
-                return False
-        elif b in (0x5D, 0x7D):
-            depth -= 1
-    return True
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def load_json(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object (raises :class:`Refusal` 400)."""
-    if not _depth_ok(raw):
-        raise Refusal(400, "json_depth", f"JSON nested deeper than {MAX_DEPTH} levels")
+    """The body as a JSON object, read strictly (raises :class:`Refusal` 400).
+
+    :func:`semgov.wire.strictjson.loads`: one meaning per body, so a duplicate key (``json.loads``
+    keeps the last; another reader may keep the first), ``NaN``/``Infinity``, a lone surrogate,
+    invalid UTF-8, an integer past Python's digit limit and nesting past :data:`MAX_DEPTH`
+    (counted before parsing) are all refused."""
     try:
-        doc = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
-    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
-        raise Refusal(400, "json", f"the body is not UTF-8 JSON ({type(e).__name__})") from e
+        doc = strictjson.loads(raw, max_depth=MAX_DEPTH)
+    except strictjson.StrictJSONError as e:
+        reason = "json_depth" if str(e).startswith("nested") else "json"
+        raise Refusal(400, reason, f"the body is not strict UTF-8 JSON: {str(e)[:200]}") from e
     if type(doc) is not dict:
         raise Refusal(400, "json", "the body must be a JSON object")
     return doc
@@ -131,7 +111,7 @@ def _semgov(doc: dict[str, Any]) -> dict[str, Any]:
         raise Refusal(
             400,
             "unknown_field",
-            f"unknown field semgov.{unknown[0][:64]!s} (allowed: {', '.join(sorted(_SEMGOV))})",
+            f"unknown field semgov.{unknown[0][:64]!r} (allowed: {', '.join(sorted(_SEMGOV))})",
         )
     return sem
 
@@ -143,7 +123,7 @@ def _message(m: object, i: int) -> dict[str, Any]:
     if unknown:
         raise Refusal(400, "messages", f"messages[{i}] has an unknown field {unknown[0][:64]!r}")
     role = m.get("role")
-    if role not in _CHAT_ROLES:
+    if type(role) is not str or role not in _CHAT_ROLES:
         raise Refusal(400, "messages", f"messages[{i}].role must be one of {', '.join(sorted(_CHAT_ROLES))}")
     content = m.get("content")
     if isinstance(content, list):
@@ -155,6 +135,12 @@ def _message(m: object, i: int) -> dict[str, Any]:
     elif content is not None and type(content) is not str:
         raise Refusal(400, "messages", f"messages[{i}].content must be a string or a list of text parts")
     return m
+
+
+def _has_text(m: dict[str, Any]) -> bool:
+    """Whether a checked message has content text (a mark on one without has nothing to name)."""
+    c = m.get("content")
+    return bool(c) if type(c) is str else type(c) is list and any(p["text"] for p in c)
 
 
 def _roles(messages: list[dict[str, Any]], marks: object) -> list[str]:
@@ -174,6 +160,8 @@ def _roles(messages: list[dict[str, Any]], marks: object) -> list[str]:
             )
         if i in seen:
             raise Refusal(400, "segments", f"semgov.segments marks message {i} twice")
+        if not _has_text(messages[i]):
+            raise Refusal(400, "segments", f"semgov.segments[{j}] marks message {i}, which has no text")
         if role not in ROLES:
             raise Refusal(400, "segments", f"semgov.segments[{j}].role must be one of {', '.join(ROLES)}")
         seen.add(i)
@@ -181,7 +169,7 @@ def _roles(messages: list[dict[str, Any]], marks: object) -> list[str]:
     return roles
 
 
-def _spans(marks: object) -> list[tuple[str, int, int]] | None:
+def _spans(marks: object, limit: int) -> list[tuple[str, int, int]] | None:
     if marks is None:
         return None
     if type(marks) is not list or not 0 < len(marks) <= 4096:
@@ -196,8 +184,21 @@ def _spans(marks: object) -> list[tuple[str, int, int]] | None:
                 "segments",
                 f"semgov.segments[{j}]: integer start and end, role one of {', '.join(ROLES)}",
             )
+        if not 0 <= s["start"] <= s["end"] <= limit:  # NOTE: bounds the numbers messages may quote
+            raise Refusal(400, "segments", f"semgov.segments[{j}]: 0 <= start <= end <= {limit}")
         out.append((s["role"], s["start"], s["end"]))
     return out
+
+
+def _finite(v: object) -> bool:
+    """No float in ``v`` overflowed to infinity (``1e400``: JSON, but no JSON can carry it on)."""
+    if isinstance(v, float):
+        return math.isfinite(v)
+    if isinstance(v, list):
+        return all(_finite(x) for x in v)
+    if isinstance(v, dict):
+        return all(_finite(x) for x in v.values())
+    return True
 
 
 def _forward(doc: dict[str, Any], allowed: frozenset[str]) -> dict[str, Any]:
@@ -211,8 +212,8 @@ def _forward(doc: dict[str, Any], allowed: frozenset[str]) -> dict[str, Any]:
         fwd.setdefault("max_tokens", fwd["max_completion_tokens"])
         del fwd["max_completion_tokens"]
     for k, v in fwd.items():
-        if isinstance(v, float) and not math.isfinite(v):
-            raise Refusal(400, "field", f"{k} must be finite")
+        if not _finite(v):
+            raise Refusal(400, "field", f"{k} must hold finite numbers only")
     if "stream" in fwd and type(fwd["stream"]) is not bool:
         raise Refusal(400, "field", "stream must be true or false")
     return fwd
@@ -254,4 +255,14 @@ def parse_body(raw: bytes, *, chat: bool, max_prompt_chars: int) -> Parsed:
         pass
     else:
         raise Refusal(400, "prompt", "prompt must be one string or one list of token ids")
-    return Parsed(False, model, _claims(sem), None, None, prompt, _spans(sem.get("segments")), fwd, stream)
+    return Parsed(
+        False,
+        model,
+        _claims(sem),
+        None,
+        None,
+        prompt,
+        _spans(sem.get("segments"), max_prompt_chars),
+        fwd,
+        stream,
+    )

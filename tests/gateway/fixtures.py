@@ -1,19 +1,24 @@
-"""Shared pieces of the gateway tests: a tenants file with two tenants, the SmolLM2 tokenizer, and
-an engine stand-in that records what it was sent (for the error paths a real engine cannot be
-made to take on demand: a dead, slow or broken upstream)."""
+"""Shared pieces of the gateway tests: a tenants file with two tenants, the SmolLM2 tokenizer, an
+engine stand-in that records what it was sent (for the error paths a real engine cannot be made
+to take on demand: a dead, slow or broken upstream), and the gateway app served in-process
+(httpx over ASGI) in front of that stand-in (:func:`serving`, :func:`run`)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from aiohttp import web
 
+from semgov.gateway import Gateway, GatewayConfig, Target
+from semgov.gateway.prompt import ModelTokenizer
 from semgov.gateway.tenants import hash_api_key
 
 AUDIENCE = "gw-test"
@@ -112,3 +117,60 @@ class FakeEngine:
 
 async def sse(lines: AsyncIterator[str]) -> list[str]:
     return [line[6:] async for line in lines if line.startswith("data: ")]
+
+
+Scenario = Callable[[httpx.AsyncClient, FakeEngine, Gateway], Awaitable[None]]
+_TOKENIZER: list[ModelTokenizer] = []
+
+
+def tokenizer() -> ModelTokenizer:
+    """The SmolLM2 tokenizer, loaded once per test process."""
+    if not _TOKENIZER:
+        _TOKENIZER.append(ModelTokenizer(tokenizer_dir()))
+    return _TOKENIZER[0]
+
+
+@asynccontextmanager
+async def serving(
+    tmp_path: Path,
+    *,
+    mode: str = "ok",
+    engine: str = "sglang",
+    timeout_s: float = 30,
+    max_body_bytes: int = 8 << 20,
+) -> AsyncIterator[tuple[httpx.AsyncClient, FakeEngine, Gateway]]:
+    """A gateway (tenants of :data:`KEYS`) before a :class:`FakeEngine`, and a client of it."""
+    tenants, key = write_files(tmp_path)
+    fake = FakeEngine(mode=mode)
+    url = await fake.start()
+    target = Target(engine, url, "tiny", timeout_s=timeout_s, connect_timeout_s=2)  # type: ignore[arg-type]
+    config = GatewayConfig(tenants, key, AUDIENCE, target, tokenizer_dir(), max_body_bytes=max_body_bytes)
+    gw = Gateway(config, tokenizer=tokenizer())
+    await gw.start()
+    try:
+        transport = httpx.ASGITransport(app=gw.app())
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw", timeout=60) as client:
+            yield client, fake, gw
+    finally:
+        await gw.stop()
+        await fake.stop()
+
+
+def run(
+    tmp_path: Path,
+    scenario: Scenario,
+    *,
+    mode: str = "ok",
+    engine: str = "sglang",
+    timeout_s: float = 30,
+    max_body_bytes: int = 8 << 20,
+) -> None:
+    """Run ``scenario`` against :func:`serving`'s gateway in a fresh event loop."""
+
+    async def main() -> None:
+        async with serving(
+            tmp_path, mode=mode, engine=engine, timeout_s=timeout_s, max_body_bytes=max_body_bytes
+        ) as (client, fake, gw):
+            await scenario(client, fake, gw)
+
+    asyncio.run(main())

@@ -3,9 +3,7 @@ reaches the engine, and how engine failures reach the client. The real engines: 
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,40 +11,8 @@ import httpx
 import pytest
 
 from semgov.context import ContextKeys, parse_context_token
-from semgov.gateway import Gateway, GatewayConfig, Target
-from semgov.gateway.prompt import ModelTokenizer
-from tests.gateway.fixtures import AUDIENCE, CONTRACT, KEYS, TASK, FakeEngine, tokenizer_dir, write_files
-
-Scenario = Callable[[httpx.AsyncClient, FakeEngine, Gateway], Awaitable[None]]
-_TOKENIZER: list[ModelTokenizer] = []
-
-
-def tokenizer() -> ModelTokenizer:
-    if not _TOKENIZER:
-        _TOKENIZER.append(ModelTokenizer(tokenizer_dir()))
-    return _TOKENIZER[0]
-
-
-def run(
-    tmp_path: Path, scenario: Scenario, *, mode: str = "ok", engine: str = "sglang", timeout_s: float = 30
-) -> None:
-    tenants, key = write_files(tmp_path)
-
-    async def main() -> None:
-        fake = FakeEngine(mode=mode)
-        url = await fake.start()
-        target = Target(engine, url, "tiny", timeout_s=timeout_s, connect_timeout_s=2)  # type: ignore[arg-type]
-        gw = Gateway(GatewayConfig(tenants, key, AUDIENCE, target, tokenizer_dir()), tokenizer=tokenizer())
-        await gw.start()
-        try:
-            transport = httpx.ASGITransport(app=gw.app())
-            async with httpx.AsyncClient(transport=transport, base_url="http://gw", timeout=60) as client:
-                await scenario(client, fake, gw)
-        finally:
-            await gw.stop()
-            await fake.stop()
-
-    asyncio.run(main())
+from semgov.gateway import Gateway
+from tests.gateway.fixtures import AUDIENCE, CONTRACT, KEYS, TASK, FakeEngine, run, tokenizer
 
 
 def auth(tenant: str = "acme") -> dict[str, str]:
