@@ -8,6 +8,7 @@ is the worked deployment.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from dataclasses import replace
@@ -181,6 +182,9 @@ def run_serve(args: argparse.Namespace) -> int:
         upstream=config.target.base_url,
         model=args.model, keys=len(gateway.reloader.tenants.by_hash),
     )  # fmt: skip
+    # NOTE: everything loaded so far (tokenizer, tenants, modules) lives as long as the process:
+    # frozen, the collector no longer walks it on every full collection (a p99 cost otherwise).
+    gc.freeze()
     uvicorn.run(
         gateway.app(), host=args.host, port=args.port, log_level="warning", access_log=False, lifespan="on"
     )

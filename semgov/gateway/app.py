@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -116,6 +117,19 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise Refusal(413, "body_size", f"the body is larger than {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _dumps(body: dict[str, Any]) -> bytes:
+    """The engine's body as JSON bytes (raises :class:`Refusal` 400 for a value JSON cannot carry).
+
+    NOTE: orjson (SGLang ships it) writes a 4,000-id prompt about ten times faster than ``json``;
+    it refuses integers past 64 bits, which the strict parse lets through as Python ints."""
+    try:
+        return orjson.dumps(body)
+    except (orjson.JSONEncodeError, TypeError) as e:
+        raise Refusal(
+            400, "field", f"a value of the body cannot be forwarded as JSON ({str(e)[:120]})"
+        ) from e
 
 
 def _ms(s: float | None) -> float | None:
@@ -242,7 +256,7 @@ class Gateway:
             key = self._key(request, out)
             raw = await read_body(request, self.config.max_body_bytes)
             parsed = parse_body(raw, chat=chat, max_prompt_chars=self.config.max_prompt_chars)
-            body = self.prepare(key, parsed, out)
+            body = _dumps(self.prepare(key, parsed, out))
         except Refusal as r:
             return self._refused(r, out)
         except Exception as e:  # noqa: BLE001 - a gateway bug: 500 with the request id, never a traceback
@@ -254,7 +268,7 @@ class Gateway:
         out.prepare_s = time.perf_counter() - out.started
         self.metrics.prepare_seconds.labels(out.route).observe(out.prepare_s)
         try:
-            return await self.forward(body, parsed, out)
+            return await self.forward(body, parsed, out)  # NOTE: body is the JSON bytes
         except UpstreamError as e:
             out.status, out.outcome = e.status, e.outcome
             self._done(out)
@@ -307,8 +321,9 @@ class Gateway:
         assert parsed.prompt is not None
         return tok.token_ids(parsed.prompt, parsed.spans)
 
-    async def forward(self, body: dict[str, Any], parsed: Parsed, out: _Outcome) -> Response:
-        """Send ``body`` to the engine; the client's response (raises :class:`UpstreamError`)."""
+    async def forward(self, data: bytes, parsed: Parsed, out: _Outcome) -> Response:
+        """Send ``data`` (the engine's JSON body) to the engine; the client's response (raises
+        :class:`UpstreamError`)."""
         target = self.config.target
         assert self.session is not None  # NOTE: set by start(), before the app serves
         timeout = aiohttp.ClientTimeout(
@@ -316,7 +331,6 @@ class Gateway:
             connect=target.connect_timeout_s,
             sock_read=target.timeout_s,
         )
-        data = json.dumps(body, separators=(",", ":")).encode()
         headers = {"content-type": "application/json", "x-request-id": out.request_id}
         sent = time.perf_counter()
         self.metrics.in_flight.inc()
@@ -356,7 +370,7 @@ class Gateway:
             self.metrics.in_flight.dec()
         out.upstream_s = time.perf_counter() - sent
         self.metrics.upstream_seconds.labels(out.route).observe(out.upstream_s)
-        content = json.dumps(chat_response(raw)).encode() if parsed.chat else raw
+        content = orjson.dumps(chat_response(raw)) if parsed.chat else raw
         self._done(out)
         return Response(content, media_type="application/json", headers={"x-request-id": out.request_id})
 
@@ -378,7 +392,7 @@ class Gateway:
                     if isinstance(doc, dict) and "error" in doc:
                         yield b"data: " + data + b"\n\n"
                         continue
-                    yield b"data: " + json.dumps(chat_chunk(doc, first)).encode() + b"\n\n"
+                    yield b"data: " + orjson.dumps(chat_chunk(doc, first)) + b"\n\n"
         except asyncio.CancelledError:
             out.status, out.outcome = 499, "aborted"
             raise

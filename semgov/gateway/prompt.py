@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,15 +53,40 @@ class Prompt:
     text: str | None = None  # the rendered text the ids are the tokenization of (None: ids sent)
 
 
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """The token ids of a text, and where its tokens start, kept per piece (no list of every start).
+
+    ``pieces``: ``(first character, first token, token starts relative to the piece)``, in order."""
+
+    ids: list[int]
+    pieces: list[tuple[int, int, Sequence[int]]]
+
+    def starts(self) -> list[int]:
+        """Where each token starts in the text."""
+        return [c + a for c, _, rel in self.pieces for a in rel]
+
+    def first_token_at(self, pos: int) -> int:
+        """The index of the first token that starts at or after character ``pos`` (``len(ids)`` if none)."""
+        i = bisect.bisect_right([c for c, _, _ in self.pieces], pos) - 1
+        if i < 0:
+            return 0
+        chars, first, rel = self.pieces[i]
+        j = bisect.bisect_left(rel, pos - chars)
+        if j < len(rel):
+            return first + j
+        return self.pieces[i + 1][1] if i + 1 < len(self.pieces) else len(self.ids)
+
+
 def segments_of_spans(
-    starts: Sequence[int], spans: Sequence[tuple[str, int]], n_tokens: int
+    first_token_at: Callable[[int], int], spans: Sequence[tuple[str, int]], n_tokens: int
 ) -> list[tuple[str, int, int]]:
     """Token segments of character ``spans`` (``(role, end)``, in order, the last ending at the
-    text's end), given each token's first character ``starts`` (non-decreasing)."""
+    text's end), given where the first token at or after a character is (non-decreasing)."""
     out: list[tuple[str, int, int]] = []
     lo = 0
     for i, (role, end) in enumerate(spans):
-        hi = n_tokens if i == len(spans) - 1 else bisect.bisect_left(starts, end, lo)
+        hi = n_tokens if i == len(spans) - 1 else max(lo, first_token_at(end))
         if hi > lo:
             if out and out[-1][0] == role:
                 out[-1] = (role, out[-1][1], hi)
@@ -84,7 +109,7 @@ class ModelTokenizer:
         self.has_template = bool(getattr(self.hf, "chat_template", None))
         self.pieces = PieceCache(self.fast, cache_chars)
 
-    def encode(self, text: str) -> tuple[list[int], list[int]]:
+    def encode(self, text: str) -> Encoded:
         """Token ids of ``text`` (no special tokens added) and where each token starts in it."""
         return self.pieces.encode(text)
 
@@ -105,7 +130,8 @@ class ModelTokenizer:
     def chat(self, messages: list[dict[str, Any]], roles: Sequence[str]) -> Prompt:
         """Token ids and segments of ``messages`` rendered by the chat template, one role per message."""
         text = self.render(messages)
-        ids, starts = self.encode(text)
+        enc = self.encode(text)
+        ids = enc.ids
         spans: list[tuple[str, int]] = []
         pos = 0
         for m, role in zip(messages, roles, strict=True):
@@ -125,17 +151,19 @@ class ModelTokenizer:
         if not spans:
             return Prompt(ids, [("other", 0, len(ids))], segmented=False, text=text)
         spans[-1] = (spans[-1][0], len(text))
-        return Prompt(ids, segments_of_spans(starts, spans, len(ids)), text=text)
+        return Prompt(ids, segments_of_spans(enc.first_token_at, spans, len(ids)), text=text)
 
     def text(self, text: str, spans: Sequence[tuple[str, int, int]] | None) -> Prompt:
         """Token ids of a completion prompt, with segments from character ``spans`` tiling ``text``."""
-        ids, starts = self.encode(text)
+        enc = self.encode(text)
+        ids = enc.ids
         if not ids:
             raise Refusal(400, "empty_prompt", "the prompt has no tokens")
         if spans is None:
             return Prompt(ids, [("other", 0, len(ids))], segmented=False, text=text)
         _check_tiling(spans, len(text), "characters of the prompt")
-        return Prompt(ids, segments_of_spans(starts, [(r, e) for r, _, e in spans], len(ids)), text=text)
+        pieces = [(r, e) for r, _, e in spans]
+        return Prompt(ids, segments_of_spans(enc.first_token_at, pieces, len(ids)), text=text)
 
     def token_ids(self, ids: list[int], spans: Sequence[tuple[str, int, int]] | None) -> Prompt:
         """A prompt the client sent as token ids, with segments in token offsets."""
@@ -155,14 +183,16 @@ class PieceCache:
     A Hugging Face tokenizer splits its input on added tokens *before* it normalizes and
     pre-tokenizes, and tokenizes each piece on its own; so the ids of a text are the ids of its
     pieces, concatenated, with each added token's id between them. Long pieces repeat across
-    requests (a retrieved document, a system prompt), and this keeps their ids (LRU, at most
-    ``max_chars`` characters of keys). It is used only when that splitting is exact for this
-    tokenizer: every added token is matched verbatim (not normalized, no ``lstrip``/``rstrip``/
-    ``single_word``), and a probe text encodes the same both ways; otherwise every call encodes the
-    whole text. ``tests/gateway/test_prompt.py`` checks the equality on arbitrary texts.
+    requests (a retrieved document, a system prompt, the template's role headers), and this keeps
+    their ids (LRU, at most ``max_chars`` characters of keys and :data:`MAX_ENTRIES` pieces). It
+    is used only when that splitting is exact for this tokenizer: every added token is matched
+    verbatim (not normalized, no ``lstrip``/``rstrip``/``single_word``), and a probe text encodes
+    the same both ways; otherwise every call encodes the whole text.
+    ``tests/gateway/test_prompt.py`` checks the equality on arbitrary texts.
     """
 
-    MIN_CHARS = 256
+    MIN_CHARS = 1
+    MAX_ENTRIES = 65536
 
     def __init__(self, fast: Any, max_chars: int) -> None:
         self.fast = fast
@@ -177,47 +207,54 @@ class PieceCache:
         self.split = re.compile("|".join(map(re.escape, names))) if names and verbatim else None
         if self.split is not None:
             probe = "".join(f"{n} x{n}y \n {n}\n\n" for n in names[:8]) + " tail"
-            if self._split_encode(probe) != self._whole(probe):
+            enc = self._split_encode(probe)
+            if (enc.ids, enc.starts()) != self._whole(probe):
                 self.split = None
 
     def _whole(self, text: str) -> tuple[list[int], list[int]]:
         enc = self.fast.encode(text, add_special_tokens=False)
         return list(enc.ids), [a for a, _ in enc.offsets]
 
-    def _piece(self, text: str, start: int, ids: list[int], starts: list[int]) -> None:
+    def _piece(self, text: str) -> tuple[list[int], list[int]]:
         hit = self._cache.get(text) if len(text) >= self.MIN_CHARS else None
-        if hit is None:
-            hit = self._whole(text)
-            self.misses += 1
-            if len(text) >= self.MIN_CHARS and len(text) <= self.max_chars:
-                self._cache[text] = hit
-                self.chars += len(text)
-                while self.chars > self.max_chars:
-                    old, _ = self._cache.popitem(last=False)
-                    self.chars -= len(old)
-        else:
+        if hit is not None:
             self.hits += 1
             self._cache.move_to_end(text)
-        ids.extend(hit[0])
-        starts.extend(a + start for a in hit[1])
+            return hit
+        hit = self._whole(text)
+        self.misses += 1
+        if self.MIN_CHARS <= len(text) <= self.max_chars:
+            self._cache[text] = hit
+            self.chars += len(text)
+            while self.chars > self.max_chars or len(self._cache) > self.MAX_ENTRIES:
+                old, _ = self._cache.popitem(last=False)
+                self.chars -= len(old)
+        return hit
 
-    def _split_encode(self, text: str) -> tuple[list[int], list[int]]:
+    def _split_encode(self, text: str) -> Encoded:
         assert self.split is not None
         ids: list[int] = []
-        starts: list[int] = []
+        pieces: list[tuple[int, int, Sequence[int]]] = []
         pos = 0
         for m in self.split.finditer(text):
             if m.start() > pos:
-                self._piece(text[pos : m.start()], pos, ids, starts)
+                got, rel = self._piece(text[pos : m.start()])
+                pieces.append((pos, len(ids), rel))
+                ids.extend(got)
+            pieces.append((m.start(), len(ids), (0,)))
             ids.append(self.ids[m.group()])
-            starts.append(m.start())
             pos = m.end()
         if pos < len(text):
-            self._piece(text[pos:], pos, ids, starts)
-        return ids, starts
+            got, rel = self._piece(text[pos:])
+            pieces.append((pos, len(ids), rel))
+            ids.extend(got)
+        return Encoded(ids, pieces)
 
-    def encode(self, text: str) -> tuple[list[int], list[int]]:
-        return self._whole(text) if self.split is None else self._split_encode(text)
+    def encode(self, text: str) -> Encoded:
+        if self.split is None:
+            ids, starts = self._whole(text)
+            return Encoded(ids, [(0, 0, starts)])
+        return self._split_encode(text)
 
 
 def _check_tiling(spans: Sequence[tuple[str, int, int]], total: int, what: str) -> None:

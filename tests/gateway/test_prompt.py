@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import pytest
@@ -111,8 +112,12 @@ def test_token_id_prompts_are_bounded_by_the_vocabulary() -> None:
 
 def test_segments_of_spans_assigns_a_token_to_the_segment_it_starts_in() -> None:
     """A token straddling a boundary belongs to the segment of its first character."""
-    assert segments_of_spans([0, 3, 6], [("a", 4), ("b", 9)], 3) == [("a", 0, 2), ("b", 2, 3)]
-    assert segments_of_spans([0, 3, 6], [("a", 1), ("b", 9)], 3) == [("a", 0, 1), ("b", 1, 3)]
+
+    def at(pos: int) -> int:
+        return bisect.bisect_left([0, 3, 6], pos)
+
+    assert segments_of_spans(at, [("a", 4), ("b", 9)], 3) == [("a", 0, 2), ("b", 2, 3)]
+    assert segments_of_spans(at, [("a", 1), ("b", 9)], 3) == [("a", 0, 1), ("b", 1, 3)]
 
 
 _text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=60)
@@ -155,6 +160,10 @@ def test_piece_cache_encodes_exactly_as_the_whole_text(texts: list[str]) -> None
     try:
         for text in [*texts, *texts, "".join(texts) * 3]:
             enc = tok().fast.encode(text, add_special_tokens=False)
-            assert cache.encode(text) == (list(enc.ids), [a for a, _ in enc.offsets])
+            got = cache.encode(text)
+            starts = [a for a, _ in enc.offsets]
+            assert (got.ids, got.starts()) == (list(enc.ids), starts)
+            for pos in range(len(text) + 1):  # NOTE: the boundary lookup equals a bisect over all starts
+                assert got.first_token_at(pos) == bisect.bisect_left(starts, pos), pos
     finally:
         del cache.MIN_CHARS
