@@ -105,9 +105,9 @@ def _hook_call(ev: Evaluator, r: CapturedRequest) -> Any:
     the donor as the hook registered it (a DonorEntry holding the registered prompt)."""
     from array import array
 
-    from engine_hooks.core.context import RequestContext
     from engine_hooks.core.decisions import evaluate_request
     from engine_hooks.core.donors import DonorEntry
+    from semgov.context import RequestContext
 
     segs = tuple((s.role, s.start, s.end) for s in r.prompt.segments)
     task, contract = r.task.model_dump(), r.response_contract.model_dump()
@@ -162,9 +162,9 @@ def _burst_calls(ev: Evaluator, lines: list[str]) -> list[Any]:
     import pickle
     from array import array
 
-    from engine_hooks.core.context import RequestContext
     from engine_hooks.core.decisions import evaluate_request
     from engine_hooks.core.donors import DonorEntry
+    from semgov.context import RequestContext
 
     calls = []
     for line in lines:

@@ -10,7 +10,7 @@ writes its :class:`Tally` as JSON; the parent merges them.
   choice drawn by Hypothesis from ``st.data()``, fixed ``@seed``, generate phase only).
 - ``atheris`` workers run libFuzzer (``atheris.Fuzz``) over the target's seeds as a corpus, with
   a dictionary of the format's tokens, ``-runs=N -seed=S``, coverage-guided by atheris's
-  bytecode instrumentation of ``semgov`` (and ``engine_hooks.core.context``).
+  bytecode instrumentation of ``semgov``.
 """
 
 from __future__ import annotations
@@ -371,9 +371,9 @@ def worker_main(args: Any) -> int:
     if job.engine == "atheris":
         import atheris
 
-        # Coverage: every semgov module this target can reach (and the SGLang hook's context parser,
-        # which imports no SGLang), instrumented before first import.
-        with atheris.instrument_imports(include=["semgov", "engine_hooks.core.context"]):
+        # Coverage: every semgov module this target can reach (the context parser included),
+        # instrumented before first import.
+        with atheris.instrument_imports(include=["semgov"]):
             _import_semgov()
     ctx = Ctx(work / "scratch", engine=args.engine)
     target = TARGETS[job.target](ctx)
@@ -390,12 +390,12 @@ def worker_main(args: Any) -> int:
 
 
 def _import_semgov() -> None:
-    import engine_hooks.core.context  # noqa: F401
     import semgov.audit.merkle
     import semgov.audit.note
     import semgov.audit.store
     import semgov.audit.verify
     import semgov.audit.verify_dir
+    import semgov.context  # noqa: F401
     import semgov.decide
     import semgov.facts.compute
     import semgov.intake.capture

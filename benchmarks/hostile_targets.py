@@ -2252,7 +2252,7 @@ class ContextTarget(Target):
     max_len = 40000
 
     def seeds(self) -> list[bytes]:
-        from engine_hooks.core.context import key_id, make_context_token
+        from semgov.context import key_id, make_context_token
 
         task, contract = {"id": "qa", "version": "1"}, {"id": "answer-json", "schema_sha256": "a" * 64}
 
@@ -2497,7 +2497,7 @@ class ContextTarget(Target):
         return "semgov1." + other + "." + _context_mac(other)
 
     def run(self, data: bytes) -> Verdict:
-        from engine_hooks.core.context import (
+        from semgov.context import (
             ContextError,
             ContextKeys,
             anonymous_cache_key,

@@ -71,7 +71,7 @@ class VllmBodyTarget(Target):
     def _token(self, **over: Any) -> str:
         import time
 
-        from engine_hooks.core.context import make_context_token
+        from semgov.context import make_context_token
 
         args: dict[str, Any] = {"audience": CONTEXT_AUDIENCE, "tenant": "acme", "namespace": "ns1",
                                 "task": {"id": "qa", "version": "1"},
@@ -142,7 +142,7 @@ class VllmBodyTarget(Target):
             else:
                 doc[where] = {"cache_salt": "s"} if ch.chance(0.5) else [{"cache_salt": "s"}]
             if ch.chance(0.3):
-                from engine_hooks.core.context import make_context_token
+                from semgov.context import make_context_token
 
                 forged = make_context_token(
                     CONTEXT_WRONG_KEY, audience=CONTEXT_AUDIENCE, tenant="acme", namespace="ns1",
@@ -155,8 +155,8 @@ class VllmBodyTarget(Target):
         return b'{"a":' * depth + b"1" + b"}" * depth
 
     def run(self, data: bytes) -> Verdict:
-        from engine_hooks.core.context import ContextKeys
         from engine_hooks.vllm.scope import Refused, issued_salt, scope_body
+        from semgov.context import ContextKeys
 
         v = Verdict()
         keys = ContextKeys(CONTEXT_KEY, CONTEXT_AUDIENCE, (), CONTEXT_LIFETIME_S)

@@ -44,10 +44,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._machine import baseline  # noqa: E402
-from engine_hooks.core.context import RequestContext  # noqa: E402
 from engine_hooks.core.donors import DonorSpec  # noqa: E402
 from engine_hooks.core.governor import Governor  # noqa: E402
 from engine_hooks.core.settings import HookSettings  # noqa: E402
+from semgov.context import RequestContext  # noqa: E402
 from semgov.signing.keys import generate_keypair, key_id_for, load_public_key  # noqa: E402
 
 TASK = {"id": "qa", "version": "1"}

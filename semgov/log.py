@@ -18,7 +18,19 @@ from typing import Any
 
 # Field names whose values are never logged (prompt or donor text, token ids, key material).
 SECRET_FIELDS = frozenset(
-    {"text", "prompt", "donor_text", "token_ids", "tokens", "key", "private_key", "secret", "context_token"}
+    {
+        "text",
+        "prompt",
+        "donor_text",
+        "token_ids",
+        "tokens",
+        "key",
+        "private_key",
+        "secret",
+        "context_token",
+        "api_key",
+        "authorization",
+    }
 )
 MAX_FIELD_CHARS = 400
 

@@ -580,7 +580,7 @@ def test_oracle_catches_a_context_parser_that_ignores_the_lora_binding(
     targets: dict[str, Target], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """With the old parser planted (text after the MAC kept, lora_id ignored), the campaign counts allows."""
-    import engine_hooks.core.context as context
+    import semgov.context as context
 
     real = context.parse_context_token
 
@@ -600,7 +600,7 @@ def test_oracle_catches_a_context_parser_that_raises_other_errors(
     targets: dict[str, Target], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """With a planted parser that ASCII-encodes extra_key first (the original bug), crashes are counted."""
-    import engine_hooks.core.context as context
+    import semgov.context as context
 
     real = context.parse_context_token
 
@@ -621,7 +621,7 @@ def test_oracle_catches_a_context_parser_that_lets_tokens_outlive_their_claims(
     what every token was before issue 31), the campaign counts allows."""
     import dataclasses
 
-    import engine_hooks.core.context as context
+    import semgov.context as context
 
     real = context.parse_context_token
 

@@ -105,7 +105,7 @@ class Scope(NamedTuple):
 
 def scope_of(ctx: Any) -> Scope:
     """The canary scope of a verified request context (a
-    :class:`~engine_hooks.core.context.RequestContext`)."""
+    :class:`~semgov.context.RequestContext`)."""
     task, contract = ctx.task, ctx.response_contract
     return Scope(
         ctx.tenant,
@@ -207,7 +207,7 @@ class CanaryMarker:
     """The ``extra_key`` of a canary replay: ``semgov-canary:<n>.<MAC>`` under a secret drawn at boot.
 
     NOTE: only this process can mint one; a client sending a look-alike gets an ordinary request
-    (its key is then an anonymous one, :func:`engine_hooks.core.context.anonymous_cache_key`).
+    (its key is then an anonymous one, :func:`semgov.context.anonymous_cache_key`).
     """
 
     def __init__(self, secret: bytes | None = None) -> None:

@@ -59,8 +59,8 @@ from datetime import UTC, datetime
 from typing import IO, Any
 
 from engine_hooks.core.candidates import candidate_entries
-from engine_hooks.core.context import RequestContext
 from engine_hooks.core.settings import HookConfigError, HookSettings
+from semgov.context import RequestContext
 from semgov.log import bound, describe_error
 
 _LEN = struct.Struct(">I")

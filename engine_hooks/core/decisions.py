@@ -35,7 +35,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engine_hooks.core.context import RequestContext
 from engine_hooks.core.decider import DecisionProcess
 from engine_hooks.core.donors import (
     Clock,
@@ -49,6 +48,7 @@ from engine_hooks.core.events import AuditTrail, EventJob
 from engine_hooks.core.policies import HookPolicies, LiveDecided, ReloadOutcome
 from engine_hooks.core.settings import HookSettings
 from engine_hooks.core.warmup import Warm, Warmed
+from semgov.context import RequestContext
 from semgov.decide import SignedDecision
 from semgov.log import bound, describe_error, get_logger
 from semgov.typing import CandidateProvider

@@ -32,8 +32,8 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from engine_hooks.core.candidates import candidate_entries
-from engine_hooks.core.context import RequestContext
 from engine_hooks.core.settings import HookConfigError
+from semgov.context import RequestContext
 from semgov.decide import Evaluator
 from semgov.facts.compute import prompt_from_tokens
 from semgov.log import describe_error, get_logger

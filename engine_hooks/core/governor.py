@@ -4,7 +4,7 @@
 (``captured request -> facts -> policy input -> decision -> signed record -> audit log``). It
 loads the hook's policy, keys and provider, builds the parts below, and is what the cache calls:
 
-- a request's context comes from a gateway-signed token (:mod:`engine_hooks.core.context`,
+- a request's context comes from a gateway-signed token (:mod:`semgov.context`,
   verified with this deployment's one key set: :meth:`Governor.context_of`,
   :mod:`engine_hooks.core.tokens`);
 - a finished request becomes a donor through :meth:`Governor.submit_donor`: its PII scan and the
@@ -34,7 +34,6 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from engine_hooks.core.context import RequestContext
 from engine_hooks.core.decider import DecisionProcess
 from engine_hooks.core.decisions import (
     DecisionThread,
@@ -61,6 +60,7 @@ from engine_hooks.core.settings import HookConfigError, HookSettings
 from engine_hooks.core.tokens import Verdict, load_context_keys, verify_context
 from engine_hooks.core.unrealized import Reason, abandoned_allows, detail_of
 from engine_hooks.core.warmup import Warm, Warmed, warm_decision_path
+from semgov.context import RequestContext
 from semgov.decide import Evaluator
 from semgov.log import describe_error, get_logger
 from semgov.policy.engine import PolicySource

@@ -33,11 +33,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
-from engine_hooks.core.context import RequestContext
 from engine_hooks.core.donors import DonorEntry, prompt_of
 from engine_hooks.core.metrics import HookMetrics
 from engine_hooks.core.reload import fingerprint
 from engine_hooks.core.settings import HookConfigError, HookSettings
+from semgov.context import RequestContext
 from semgov.decide import Evaluator
 from semgov.errors import SemgovError
 from semgov.facts.pii import PiiScanner

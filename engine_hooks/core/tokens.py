@@ -1,7 +1,7 @@
 """Context tokens verified one way everywhere: one key set, one function, one result.
 
 The SGLang hook, the vLLM middleware and the vLLM connector all read a request's context token
-through :func:`verify_context` with the :class:`~engine_hooks.core.context.ContextKeys` that
+through :func:`verify_context` with the :class:`~semgov.context.ContextKeys` that
 :func:`load_context_keys` builds from the same settings. A component cannot hold a key set of its
 own, so two components can never disagree about one token (issue 31).
 
@@ -15,7 +15,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from engine_hooks.core.context import (
+from engine_hooks.core.settings import ContextSettings, HookConfigError, HookSettings, read_context_key
+from semgov.context import (
     MAX_PREVIOUS_KEYS,
     ContextError,
     ContextKeys,
@@ -24,7 +25,6 @@ from engine_hooks.core.context import (
     has_token_prefix,
     parse_context_token,
 )
-from engine_hooks.core.settings import ContextSettings, HookConfigError, HookSettings, read_context_key
 from semgov.log import get_logger
 
 __all__ = ["Verdict", "load_context_keys", "verify_context"]

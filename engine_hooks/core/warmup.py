@@ -31,10 +31,10 @@ from array import array
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from engine_hooks.core.context import RequestContext
 from engine_hooks.core.donors import Detokenize, DonorSpec, build_donor_entry
 from engine_hooks.core.policies import HookPolicies, build_request
 from engine_hooks.core.settings import HookSettings
+from semgov.context import RequestContext
 from semgov.log import bound, describe_error
 from semgov.signing.keys import SigningKey
 from semgov.typing import CandidateProvider

@@ -2,7 +2,7 @@
 
 A request seen for the first time gets its state (:class:`~.state.ReqState`, kept on SGLang's
 ``Req`` object itself), and ``req.extra_key`` is replaced with the key derived from the request's
-verified context (:mod:`engine_hooks.core.context`: tenant, namespace, LoRA adapter and cache
+verified context (:mod:`semgov.context`: tenant, namespace, LoRA adapter and cache
 salt), so tenants and namespaces never share exact-prefix nodes.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine_hooks.core.context import KEY_PREFIX, RequestContext, anonymous_cache_key
 from engine_hooks.core.plan import request_label
 from engine_hooks.sglang.checks import Checks
 from engine_hooks.sglang.state import STATE_ATTR, Hook, ReqState, log_fields, state_of
+from semgov.context import KEY_PREFIX, RequestContext, anonymous_cache_key
 from semgov.log import get_logger
 
 SESSION_ATTR = "_semgov_session_key"  # NOTE: on SGLang's Session: the tree key its first request had

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 
 from engine_hooks.core.canary import Canaries
-from engine_hooks.core.context import RequestContext
 from engine_hooks.core.decisions import PendingDecision
 from engine_hooks.core.donors import LiveDonor
 from engine_hooks.core.governor import Governor
@@ -31,6 +30,7 @@ from engine_hooks.core.rope import RopeSpec
 from engine_hooks.core.settings import HookSettings
 from engine_hooks.core.unrealized import Reason, allows
 from engine_hooks.sglang.tp import FollowerGovernor, PendingDonors, TpLink
+from semgov.context import RequestContext
 from semgov.decide import SignedDecision
 
 STATE_ATTR = "_semgov_state"

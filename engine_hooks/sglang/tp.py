@@ -46,11 +46,11 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from engine_hooks.core.context import ContextKeys, RequestContext
 from engine_hooks.core.decisions import PendingDecision
 from engine_hooks.core.donors import DonorSpec, LiveDonor, pop_donor
 from engine_hooks.core.settings import HookSettings
 from engine_hooks.core.tokens import Verdict, load_context_keys, verify_context
+from semgov.context import ContextKeys, RequestContext
 from semgov.decide import SignedDecision
 from semgov.log import get_logger
 

@@ -53,7 +53,6 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine_hooks.core.context import RequestContext
 from engine_hooks.core.decisions import PendingDecision
 from engine_hooks.core.donors import DonorSpec, LiveDonor
 from engine_hooks.core.governor import Governor
@@ -64,6 +63,7 @@ from engine_hooks.vllm.blocks import block_ids, scheduled, seal_blocks, trim, un
 from engine_hooks.vllm.book import StoreBook, store_budget_tokens, store_mb
 from engine_hooks.vllm.meta import LoadOp, LoadPiece, SaveOp, StepPlan, WorkerReport
 from engine_hooks.vllm.scope import issued_salt
+from semgov.context import RequestContext
 from semgov.decide import SignedDecision
 from semgov.log import describe_error, get_logger
 

@@ -8,7 +8,7 @@ of routes: it scopes **every** HTTP request, whatever its path or method, before
 
 - A body that is a JSON object gets its top-level ``cache_salt`` replaced by a salt derived
   server-side (:func:`scoped_salt`), as the SGLang hook derives its tree key
-  (:mod:`engine_hooks.core.context`): for a valid context token in
+  (:mod:`semgov.context`): for a valid context token in
   ``kv_transfer_params.semgov_context`` (verified by
   :func:`~engine_hooks.core.tokens.verify_context` with the deployment's one key set, the same
   call the connector makes) the keyed hash of its tenant, namespace, the ``model`` it asked for
@@ -46,9 +46,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-from engine_hooks.core.context import ContextKeys, anonymous_cache_key
 from engine_hooks.core.settings import ContextSettings
 from engine_hooks.core.tokens import load_context_keys, verify_context
+from semgov.context import ContextKeys, anonymous_cache_key
 from semgov.log import get_logger
 
 Scope = MutableMapping[str, Any]

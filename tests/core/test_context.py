@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_hooks.core.context import (
+from semgov.context import (
     ANON_KEY_PREFIX,
     KEY_PREFIX,
     MAX_LORA_ID_CHARS,
@@ -598,7 +598,7 @@ def test_the_fast_validation_accepts_only_what_the_models_accept_and_means_the_s
     doc: dict[str, Any],
 ) -> None:
     """Whatever the fast path accepts, the wire models accept too, with exactly the same context."""
-    from engine_hooks.core.context import _valid_fast, _validate_models
+    from semgov.context import _valid_fast, _validate_models
 
     doc = json.loads(json.dumps(doc))  # NOTE: JSON's own types, as the parser sees them
     fast = _valid_fast(doc, "lora")
@@ -609,7 +609,7 @@ def test_the_fast_validation_accepts_only_what_the_models_accept_and_means_the_s
 
 def test_the_fast_validation_takes_a_gateways_usual_context() -> None:
     """A plain valid context (segments included) is accepted by the fast path, not left to the models."""
-    from engine_hooks.core.context import _valid_fast
+    from semgov.context import _valid_fast
 
     token = _token(segments=[("system", 0, 3), ("evidence", 3, 9)])
     payload = token.split(".")[1]

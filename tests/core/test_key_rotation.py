@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from engine_hooks.core.context import make_context_token
 from engine_hooks.core.governor import Governor
 from engine_hooks.core.settings import HookConfigError, HookSettings
 from semgov.audit.keyring import AuditKeyring
 from semgov.audit.verify_dir import verify_log
+from semgov.context import make_context_token
 from semgov.signing.keys import generate_keypair, key_id_for, load_public_key
 from tests.core.files import AUDIENCE, CONTRACT, TASK, HookFiles
 

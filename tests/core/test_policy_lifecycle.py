@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from engine_hooks.core.context import RequestContext
 from engine_hooks.core.donors import DonorSpec
 from engine_hooks.core.governor import Governor
 from engine_hooks.core.settings import HookConfigError, HookSettings
 from semgov.audit.reader import iter_records
+from semgov.context import RequestContext
 from semgov.intake.capture import read_captured
 from tests.core.files import CONTRACT, TASK, HookFiles
 

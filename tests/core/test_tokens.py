@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from engine_hooks.core.context import (
+from engine_hooks.core.tokens import verify_context
+from semgov.context import (
     MAX_PREVIOUS_KEYS,
     ContextError,
     ContextKeys,
@@ -23,7 +24,6 @@ from engine_hooks.core.context import (
     make_context_token,
     parse_context_token,
 )
-from engine_hooks.core.tokens import verify_context
 
 VECTORS = Path(__file__).resolve().parents[2] / "docs" / "test-vectors" / "context-tokens.json"
 KEY, OLD = b"k" * 32, b"o" * 32

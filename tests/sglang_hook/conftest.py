@@ -198,7 +198,7 @@ class Harness:
     # ---- requests ----------------------------------------------------------------------------
 
     def context(self, tenant: str = "acme", namespace: str = "ns1", segments: Any = None, **over: Any) -> str:
-        from engine_hooks.core.context import make_context_token
+        from semgov.context import make_context_token
 
         return make_context_token(
             self.files.context_secret,

@@ -27,7 +27,7 @@ from engine_hooks.core.canary import (
     save_state,
     scope_of,
 )
-from engine_hooks.core.context import RequestContext
+from semgov.context import RequestContext
 
 TASK = {"id": "qa", "version": "1"}
 CONTRACT = {"id": "answer-json", "schema_sha256": "a" * 64}

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from engine_hooks.core.context import RequestContext
 from engine_hooks.core.decider import _request_fields
 from engine_hooks.sglang.state import ReqState, log_fields
 from semgov import log
+from semgov.context import RequestContext
 from semgov.typing import SignedDecision
 from tests.core.files import CONTRACT, TASK, HookFiles
 from tests.sglang_hook.scenario import LEAKY_SECRET
@@ -30,7 +30,7 @@ SECRET = LEAKY_SECRET
 SCRIPT = """
 import sys, time
 from array import array
-from engine_hooks.core.context import RequestContext
+from semgov.context import RequestContext
 from engine_hooks.core.donors import DonorSpec
 from engine_hooks.core.governor import Governor
 from engine_hooks.core.policies import HookPolicies

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from engine_hooks.core.context import RequestContext
 from engine_hooks.core.donors import DonorSpec
 from engine_hooks.core.settings import HookSettings
 from engine_hooks.sglang.tp import Choice, DonorOp, FollowerGovernor, RoundSync, TpLink
+from semgov.context import RequestContext
 
 TASK = {"id": "qa", "version": "1"}
 CONTRACT = {"id": "answer-json", "schema_sha256": "a" * 64}

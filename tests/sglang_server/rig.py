@@ -551,7 +551,7 @@ class Gateway:
         expires_at: int | None = None,
     ) -> str:
         """A token (by default under the current key, for the rig's audience, 300 s to live)."""
-        from engine_hooks.core.context import make_context_token
+        from semgov.context import make_context_token
 
         return make_context_token(
             secret or self.secret,

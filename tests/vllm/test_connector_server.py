@@ -241,7 +241,7 @@ def test_hostile_context_fields_never_reach_past_the_connector(server: VllmServe
     answered (200, or vLLM's own 400), none is decided, and the engine stays up."""
     p = pair_prompts("hostile", e_len=512)
     server.complete(p.donor, "hostile-d", server.token("acme", "hostile", p.donor_segs))
-    from engine_hooks.core.context import make_context_token
+    from semgov.context import make_context_token
     from tests.sglang_server.rig import AUDIENCE
 
     forged = make_context_token(

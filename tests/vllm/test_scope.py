@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from engine_hooks.core.context import ContextKeys, RequestContext, anonymous_cache_key, make_context_token
 from engine_hooks.core.metrics import hook_metrics
 from engine_hooks.core.settings import HookConfigError
 from engine_hooks.vllm.scope import MAX_JSON_DEPTH, ScopeSalt, issued_salt, scope_body, scoped_salt
+from semgov.context import ContextKeys, RequestContext, anonymous_cache_key, make_context_token
 
 KEY = b"k" * 32
 OLD_KEY = b"o" * 32

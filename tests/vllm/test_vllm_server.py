@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from engine_hooks.core.context import make_context_token
+from semgov.context import make_context_token
 from tests.sglang_server.rig import AUDIENCE, CONTEXT_SECRET, PREVIOUS_CONTEXT_SECRET
 from tests.vllm.rig import TINY, VllmServer
 

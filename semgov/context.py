@@ -1,5 +1,9 @@
 """Who a request belongs to: the semgov request context, and the cache keys derived from it.
 
+The token format, its minting (:func:`make_context_token`, what the gateway writes) and its one
+verifier (:func:`parse_context_token`) live in the core package so that ``semgov gateway`` works
+from an installed package; the engine adapters import them from here.
+
 SGLang has no authenticated per-request metadata. The hook therefore reads the request's
 context (tenant, namespace, task, response contract, optional prompt segments) from a token
 that a trusted gateway in front of SGLang writes into the request's ``extra_key`` field, and
