@@ -34,6 +34,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
 }
 
+# NOTE: developers' commands (CI checks schemas/ against the models): they run, but `semgov --help`
+# does not list them (registered without a help line, argparse lists no choice for them).
+HIDDEN = frozenset({"schema"})
+
 EPILOG = """\
 exit status: 0 success; 1 decisions differ from expectations or were made by errors alone
 (check), a policy change flips decisions (diff) or a signature failed;
@@ -63,9 +67,22 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     for name, (module, help_text) in COMMANDS.items():
         if only is None or name == only:
             importlib.import_module(module).register(sub)
+            _remember_parsers(sub.choices[name])
+        elif name in HIDDEN:
+            sub.add_parser(name)
         else:
             sub.add_parser(name, help=help_text)
     return p
+
+
+def _remember_parsers(parser: argparse.ArgumentParser) -> None:
+    """Give every (sub)parser under ``parser`` a default naming itself, so an unrecognized flag is
+    reported with the usage of the command that got it (the deepest parser's default wins)."""
+    parser.set_defaults(_parser=parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _remember_parsers(child)
 
 
 def command_of(argv: Sequence[str]) -> str:
@@ -84,7 +101,9 @@ def command_of(argv: Sequence[str]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(only=command_of(args_in))
-    args = parser.parse_args(args_in)
+    args, extra = parser.parse_known_args(args_in)
+    if extra:  # NOTE: the usage of the (sub)command that was given the flag, not the top level's
+        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     from semgov import log
     from semgov.errors import SemgovError
 
