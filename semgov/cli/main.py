@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "semgov.cli.calibrate",
         "measure reuse's answer regressions on captured traffic; write the policy that stays in budget",
     ),
+    "docs": ("semgov.cli.docs", "read the documentation offline (topics: semgov docs)"),
 }
 
 # NOTE: developers' commands (CI checks schemas/ against the models): they run, but `semgov --help`
@@ -43,7 +44,7 @@ exit status: 0 success; 1 decisions differ from expectations or were made by err
 (check), a policy change flips decisions (diff) or a signature failed;
 2 bad input (malformed lines, unreadable files, invalid policy or usage);
 3 `audit verify` without a key (UNVERIFIED: pass --pubkey, --keyring or --structure-only).
-Docs: README.md, docs/policy.md, docs/rego.md, docs/formats.md."""
+Docs, offline: `semgov docs` lists the topics, `semgov docs policy` prints one."""
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
