@@ -10,9 +10,11 @@ command's own module registers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from semgov import __version__
 
@@ -76,14 +78,34 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
+QUIET_HELP = (
+    "print nothing on stdout and log errors only; the exit status says the outcome (files named by "
+    "--out are still written)"
+)
+
+
 def _remember_parsers(parser: argparse.ArgumentParser) -> None:
     """Give every (sub)parser under ``parser`` a default naming itself, so an unrecognized flag is
-    reported with the usage of the command that got it (the deepest parser's default wins)."""
+    reported with the usage of the command that got it (the deepest parser's default wins), and
+    every command ``-q/--quiet``."""
     parser.set_defaults(_parser=parser)
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for child in action.choices.values():
-                _remember_parsers(child)
+    children = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not children and "--quiet" not in parser._option_string_actions:
+        flags = ("-q", "--quiet") if "-q" not in parser._option_string_actions else ("--quiet",)
+        parser.add_argument(*flags, action="store_true", help=QUIET_HELP)
+    for action in children:
+        for child in action.choices.values():
+            _remember_parsers(child)
+
+
+@contextlib.contextmanager
+def _quiet_stdout(quiet: bool) -> Iterator[None]:
+    """stdout to nowhere while a ``--quiet`` command runs."""
+    if not quiet:
+        yield
+        return
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+        yield
 
 
 def command_of(argv: Sequence[str]) -> str:
@@ -108,9 +130,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from semgov import log
     from semgov.errors import SemgovError
 
-    log.configure(args.log_format)
+    quiet = bool(getattr(args, "quiet", False))
+    log.configure(args.log_format, quiet=quiet)
     try:
-        rc: int = args.func(args)
+        with _quiet_stdout(quiet):
+            rc: int = args.func(args)
     except SemgovError as e:
         log.get_logger().error(e.diagnostic())
         return 2
