@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from semgov.cli.check import add_limit_flags, limits_from_args
-from semgov.cli.report import render_tests
+from semgov.cli.policy_report import render_tests
 from semgov.errors import PolicyError
 from semgov.intake.limits import Limits
 from semgov.policy.probes import probe_findings
@@ -86,10 +86,10 @@ def register(sub: Any) -> None:
     )
     t.add_argument(
         "--format",
-        choices=("text", "json", "junit", "github"),
+        choices=("text", "json", "junit", "sarif", "github"),
         default="text",
-        help="text (default); json, junit (XML) or github (workflow annotations) for CI. Every format "
-        "ends with `N tests, N passed, N warnings, N failures`",
+        help="text (default); json, junit (XML), sarif (2.1.0) or github (workflow annotations with "
+        "file= and line=) for CI. Every format ends with `N tests, N passed, N warnings, N failures`",
     )
     add_limit_flags(t, ("max_policy_bytes",))
     t.set_defaults(func=run_test)

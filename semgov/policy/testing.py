@@ -38,7 +38,7 @@ from semgov.errors import PolicyError
 from semgov.intake.limits import Limits
 from semgov.policy.checks import checked_result
 from semgov.policy.engine import EngineResult, PolicyEngine
-from semgov.policy.explain import explain_rego_test
+from semgov.policy.explain import _head_var, explain_rego_test
 from semgov.policy.rego.loader import lint_ast, rego_files, syntax_diagnostic
 from semgov.wire.models import GATES
 from semgov.wire.policy_input import PolicyInput
@@ -64,7 +64,8 @@ class TestOutcome:
 
 
 def discover_rego_tests(directory: Path) -> list[tuple[str, str, str]]:
-    """(package, rule, file) of every ``test_*`` rule in the ``*_test.rego`` modules."""
+    """(package, rule, ``file:line``) of every ``test_*`` rule in the ``*_test.rego`` modules (the
+    line of its first definition)."""
     import regorus
 
     _, tests = rego_files(directory)
@@ -78,8 +79,13 @@ def discover_rego_tests(directory: Path) -> list[tuple[str, str, str]]:
             raise PolicyError(syntax_diagnostic(path, e).message, source=path) from e
         [entry] = json.loads(eng.get_ast_as_json())
         pkg, rules, _ = lint_ast(path, entry["ast"])
+        lines: dict[str, int] = {}
+        for r in entry["ast"].get("rules", []):
+            head = _head_var(r)
+            if head is not None:
+                lines.setdefault(head[0], int(head[1]["line"]))
         for rule in sorted(r for r in rules if r.startswith("test_")):
-            found.append((str(pkg), rule, path))
+            found.append((str(pkg), rule, f"{path}:{lines[rule]}" if rule in lines else path))
     return found
 
 
@@ -94,8 +100,9 @@ def run_rego_tests(
         return []
     evaluate = _rego_evaluator(directory, {**modules, **tests}, engine)
     out = []
-    for pkg, rule, path in selected:
+    for pkg, rule, where in selected:
         name = f"data.{pkg}.{rule}"
+        path = where.rsplit(":", 1)[0] if where.rsplit(":", 1)[-1].isdigit() else where
         t0 = time.perf_counter()
         try:
             value = evaluate(name)
@@ -113,7 +120,7 @@ def run_rego_tests(
         why: tuple[str, ...] = ()
         if explain and status != "PASS":
             why = _explained(explain_rego_test, directory, {**modules, **tests}, path, rule)
-        out.append(TestOutcome(name, path, status, msg, seconds, why))
+        out.append(TestOutcome(name, where, status, msg, seconds, why))
     return out
 
 
