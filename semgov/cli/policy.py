@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from semgov.policy.probes import probe_findings
 from semgov.policy.rego.loader import RegoPolicy, lint, rego_files
 from semgov.policy.rollout import replacement
 from semgov.policy.source import ENGINES, load_policy_source, make_engine
-from semgov.policy.testing import TestOutcome, case_files, run_case_file, run_rego_tests
+from semgov.policy.testing import TestOutcome, case_files, load_case_file, run_case_file, run_rego_tests
 from semgov.policy.yaml.model import POLICY_FILE, load_policy
 
 TEST_HELP = """\
@@ -25,8 +26,8 @@ Run a policy directory's unit tests and report each as PASS, FAIL or ERROR:
 - YAML case files: `*_test.yaml` files of policy input documents with the
   expected decision (and optionally gate outcomes), run through the directory's
   policy and engine. See docs/rego.md for both formats.
-Exit status: 0 all passed, 1 a test failed or errored, 2 nothing to run or the
-policy does not load."""
+Exit status: 0 all passed, 1 a test failed or errored, 2 nothing to run, the
+policy does not load or a case file is malformed (every problem is listed)."""
 
 
 def register(sub: Any) -> None:
@@ -127,8 +128,7 @@ def run_check(args: argparse.Namespace) -> int:
         try:
             policy = load_policy_source(d, limits=limits)
             engine = make_engine(policy)
-            for f in case_files(d):
-                run_case_file(f, engine, run=re.compile(r"(?!)"))  # structure only, runs nothing
+            problems += malformed_cases(d, limits)  # structure and documents only, runs nothing
             found, warned = probe_findings(engine, f"{policy.name}@{policy.version}")
             problems += [f"{d}: {x}" for x in found]
             warnings += warned
@@ -145,6 +145,17 @@ def run_check(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def malformed_cases(d: Path, limits: Limits) -> list[str]:
+    """Every problem of the directory's ``*_test.yaml`` case files, as ``file:line: field: message``."""
+    problems: list[str] = []
+    for f in case_files(d) if d.is_dir() else []:
+        try:
+            load_case_file(f, limits=limits)
+        except PolicyError as e:
+            problems += e.all_diagnostics()
+    return problems
+
+
 def _rollout_warnings(args: argparse.Namespace, limits: Limits) -> list[str]:
     """What replacing ``--replaces`` by the checked policy does to live donors (docs/policy.md)."""
     new = load_policy_source(args.directory, limits=limits)
@@ -157,6 +168,12 @@ def run_test(args: argparse.Namespace) -> int:
     d: Path = args.directory
     run = re.compile(args.run) if args.run else None
     policy = load_policy_source(d, limits=limits_from_args(args))
+    malformed = malformed_cases(d, limits_from_args(args))
+    if malformed:
+        for line in malformed:
+            print(line, file=sys.stderr)
+        print(f"{d}: {len(malformed)} problem(s) in its case files; no test ran", file=sys.stderr)
+        return 2
     outcomes: list[TestOutcome] = []
     if isinstance(policy, RegoPolicy):
         rego_engine = "opa-inprocess" if args.engine == "opa-inprocess" else "regorus"
@@ -214,8 +231,6 @@ def _print_coverage(
 ) -> None:
     """``--coverage``: gate outcomes the case files exercised, and line coverage of a Rego
     policy's modules by its Rego tests."""
-    import sys
-
     from semgov.policy.testing import gate_coverage, rego_coverage
 
     out = sys.stderr if to_stderr else sys.stdout
@@ -241,7 +256,6 @@ def run_eval(args: argparse.Namespace) -> int:
     """``semgov policy eval``: one input document, decided, as JSON on stdout."""
     import dataclasses
     import json
-    import sys
 
     from pydantic import ValidationError
 
