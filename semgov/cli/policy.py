@@ -58,6 +58,26 @@ def register(sub: Any) -> None:
     )
     add_limit_flags(c, ("max_policy_bytes",))
     c.set_defaults(func=run_check)
+    _register_test(ps)
+    e = ps.add_parser(
+        "eval",
+        help="decide one policy input document (like `opa eval`)",
+        description="Decide one policy input document (schemas/policy_input.schema.json, strict JSON) "
+        "with the policy's engine and semgov's own checks of its answer (an approved span token "
+        "verification did not find is an error). Prints the gates, the decision and the approved "
+        "spans as JSON; exit 0 whatever the decision, 2 on bad input.",
+    )
+    e.add_argument("directory", type=Path, metavar="DIR", help="policy directory (YAML or Rego)")
+    e.add_argument("--input", required=True, metavar="FILE", help="the input document (JSON; - for stdin)")
+    e.add_argument(
+        "--engine", choices=ENGINES, default="auto", help="policy engine (default: the policy's own)"
+    )
+    add_limit_flags(e)
+    e.set_defaults(func=run_eval)
+
+
+def _register_test(ps: Any) -> None:
+    """``semgov policy test`` and its flags."""
     t = ps.add_parser(
         "test", help="run a policy directory's unit tests", description=TEST_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -75,8 +95,18 @@ def register(sub: Any) -> None:
         "--coverage",
         action="store_true",
         help="after the tests: per gate, how many cases saw it pass, fail and error (a gate no case "
-        "fails is named); for a Rego policy also the lines of each module the Rego tests evaluated and "
-        "those they never reached (measured by regorus)",
+        "fails is named); each rule of a YAML policy (public-donor scope, sharing rule, task group, "
+        "forbidden PII entity, quality rule) with its line and the cases that exercised it, and the "
+        "share of gate outcomes and rules exercised; for a Rego policy also the lines of each module "
+        "the Rego tests evaluated and those they never reached (measured by regorus)",
+    )
+    t.add_argument(
+        "--threshold",
+        type=float,
+        metavar="PCT",
+        help="with --coverage (implied): exit 1 when the share of gate outcomes and policy rules the "
+        "cases exercised, or for a Rego policy the share of its modules' lines the Rego tests reached, "
+        "is below PCT percent (as `opa test --threshold`)",
     )
     t.add_argument(
         "--explain",
@@ -94,21 +124,6 @@ def register(sub: Any) -> None:
     )
     add_limit_flags(t, ("max_policy_bytes",))
     t.set_defaults(func=run_test)
-    e = ps.add_parser(
-        "eval",
-        help="decide one policy input document (like `opa eval`)",
-        description="Decide one policy input document (schemas/policy_input.schema.json, strict JSON) "
-        "with the policy's engine and semgov's own checks of its answer (an approved span token "
-        "verification did not find is an error). Prints the gates, the decision and the approved "
-        "spans as JSON; exit 0 whatever the decision, 2 on bad input.",
-    )
-    e.add_argument("directory", type=Path, metavar="DIR", help="policy directory (YAML or Rego)")
-    e.add_argument("--input", required=True, metavar="FILE", help="the input document (JSON; - for stdin)")
-    e.add_argument(
-        "--engine", choices=ENGINES, default="auto", help="policy engine (default: the policy's own)"
-    )
-    add_limit_flags(e)
-    e.set_defaults(func=run_eval)
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -203,9 +218,14 @@ def run_test(args: argparse.Namespace) -> int:
         print(closing)
     else:
         print(render_tests(outcomes, args.format, f"semgov policy test {d}", engine.name, closing), end="")
-    if args.coverage:
-        _print_coverage(policy, d, run, outcomes, to_stderr=args.format != "text")
-    return 0 if passed == len(outcomes) else 1
+    below: list[str] = []
+    if args.coverage or args.threshold is not None:
+        measures = _print_coverage(policy, d, run, outcomes, to_stderr=args.format != "text")
+        if args.threshold is not None:
+            below = [f"{what} {share:.1%}" for what, share in measures if share * 100 < args.threshold]
+    if below:
+        print(f"{d}: coverage below --threshold {args.threshold:g}%: {'; '.join(below)}", file=sys.stderr)
+    return 0 if passed == len(outcomes) and not below else 1
 
 
 def _case_explainer(policy: Any, d: Path) -> Any:
@@ -228,9 +248,10 @@ def _ranges(lines: tuple[int, ...]) -> str:
 
 def _print_coverage(
     policy: Any, d: Path, run: re.Pattern[str] | None, outcomes: list[TestOutcome], *, to_stderr: bool
-) -> None:
-    """``--coverage``: gate outcomes the case files exercised, and line coverage of a Rego
-    policy's modules by its Rego tests."""
+) -> list[tuple[str, float]]:
+    """``--coverage``: gate outcomes and policy rules the case files exercised, and line coverage
+    of a Rego policy's modules by its Rego tests. Returns each measure for ``--threshold``."""
+    from semgov.policy.coverage import case_coverage
     from semgov.policy.testing import gate_coverage, rego_coverage
 
     out = sys.stderr if to_stderr else sys.stdout
@@ -243,13 +264,28 @@ def _print_coverage(
     for gate, counts in table.items() if decided else ():
         gap = "" if counts["fail"] else "   <- no case fails this gate"
         print(f"  {gate:<18} {counts['pass']:>4} {counts['fail']:>4} {counts['error']:>4}{gap}", file=out)
+    measures: list[tuple[str, float]] = []
+    if decided or not isinstance(policy, RegoPolicy):
+        cov = case_coverage(policy, d, outcomes)
+        print(f"rule coverage: {cov.covered}/{len(cov.items)} gate outcomes and policy rules exercised "
+              f"({cov.share:.1%})", file=out)  # fmt: skip
+        rules = cov.rules()
+        wide = max((len(i.name) for i in rules), default=0), max((len(i.where) for i in rules), default=0)
+        for item in rules:
+            gap = "" if item.cases else "   <- no case exercises this rule"
+            print(f"  {item.name:<{wide[0]}}  {item.where:<{wide[1]}} {item.cases:>4} case(s){gap}", file=out)
+        measures.append(("rule coverage", cov.share))
     if not isinstance(policy, RegoPolicy):
-        return
-    for f in rego_coverage(d, run=run):
+        return measures
+    files = rego_coverage(d, run=run)
+    for f in files:
         n = len(f.covered) + len(f.not_covered)
         print(f"coverage {f.path}: {len(f.covered)}/{n} lines ({f.share:.1%})", file=out)
         if f.not_covered:
             print(f"  not reached: {_ranges(f.not_covered)}", file=out)
+    total = sum(len(f.covered) + len(f.not_covered) for f in files)
+    measures.append(("line coverage", sum(len(f.covered) for f in files) / total if total else 1.0))
+    return measures
 
 
 def run_eval(args: argparse.Namespace) -> int:

@@ -62,6 +62,7 @@ class TestOutcome:
     seconds: float
     explanation: tuple[str, ...] = ()  # --explain: why it failed (semgov.policy.explain)
     gates: tuple[tuple[str, str], ...] = ()  # a case's (gate, outcome) pairs, for --coverage
+    doc: PolicyInput | None = None  # a decided case's input document, for --coverage
 
 
 # ---- Rego -----------------------------------------------------------------
@@ -464,5 +465,6 @@ def run_case_file(
         status = "FAIL" if problems else "PASS"
         seconds = time.perf_counter() - t0
         why = _explained(explain, case.doc, result, case.gates) if explain and problems else ()
-        out.append(TestOutcome(case.name, loc, status, "; ".join(problems), seconds, why, tuple(got.items())))
+        gates = tuple(got.items())
+        out.append(TestOutcome(case.name, loc, status, "; ".join(problems), seconds, why, gates, case.doc))
     return out
