@@ -1,4 +1,5 @@
-"""``semgov policy check`` (lint) and ``semgov policy test`` (unit tests)."""
+"""``semgov policy check`` (lint), ``semgov policy test`` (unit tests), ``semgov policy eval`` and
+``semgov policy input`` (a captured candidate as a test case, semgov.cli.policy_input)."""
 
 from __future__ import annotations
 
@@ -74,6 +75,9 @@ def register(sub: Any) -> None:
     )
     add_limit_flags(e)
     e.set_defaults(func=run_eval)
+    from semgov.cli import policy_input
+
+    policy_input.register(ps, add_limit_flags)
 
 
 def _register_test(ps: Any) -> None:
