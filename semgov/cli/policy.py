@@ -99,8 +99,8 @@ def _register_test(ps: Any) -> None:
         "--coverage",
         action="store_true",
         help="after the tests: per gate, how many cases saw it pass, fail and error (a gate no case "
-        "fails is named); each rule of a YAML policy (public-donor scope, sharing rule, task group, "
-        "forbidden PII entity, quality rule) with its line and the cases that exercised it, and the "
+        "fails is named); each rule of the policy (public-donor scope, sharing rule, task group, "
+        "forbidden PII entity, YAML quality rule) with its line and the cases that exercised it, and the "
         "share of gate outcomes and rules exercised; for a Rego policy also the lines of each module "
         "the Rego tests evaluated and those they never reached (measured by regorus)",
     )

@@ -112,3 +112,26 @@ def test_threshold_of_a_rego_policy_reads_its_line_coverage(capsys: pytest.Captu
     err = capsys.readouterr().err
     assert "coverage below --threshold 100%: line coverage " in err and "rule coverage" not in err
     assert main(["policy", "test", d, "--threshold", "10"]) == 0
+
+
+def test_rego_rule_constants_are_covered_like_yaml_rules(tmp_path: Path) -> None:
+    """A Rego policy's namespace_sharing rules and forbidden_entities count the cases they decided,
+    each located at its constant's line."""
+    d = tmp_path / "rego"
+    shutil.copytree(ROOT / "policies" / "rego" / "default", d)
+    text = (d / "policy.rego").read_text()
+    rules = 'namespace_sharing := [{"donor": "legal/*", "recipients": ["research/*"]}, ' \
+        '{"donor": "research/*", "recipients": ["research/*"]}]'  # fmt: skip
+    (d / "policy.rego").write_text(text.replace("namespace_sharing := []", rules, 1))
+    case = (DEFAULT_POLICY_DIR / "policy_test.yaml").read_text()
+    (d / "cases_test.yaml").write_text(case[: case.index("\ncases:\n")] + "\ncases:\n" + CASES)
+    policy = load_policy_source(d)
+    outcomes = run_case_file(d / "cases_test.yaml", make_engine(policy))
+    cov = case_coverage(policy, d, outcomes)
+    assert cov.decided == 4
+    items = {i.name: (i.where, i.cases) for i in cov.rules()}
+    line = _line_of(d / "policy.rego", "namespace_sharing := [")
+    assert items["namespace_sharing[0]"] == (f"policy.rego:{line}", 0)
+    assert items["namespace_sharing[1]"] == (f"policy.rego:{line}", 1)
+    assert items["forbidden_entities: EMAIL_ADDRESS"][1] == 1
+    assert items["forbidden_entities: US_SSN"][1] == 0
