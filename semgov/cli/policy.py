@@ -147,7 +147,7 @@ def run_check(args: argparse.Namespace) -> int:
         try:
             policy = load_policy_source(d, limits=limits)
             engine = make_engine(policy)
-            problems += malformed_cases(d, limits)  # structure and documents only, runs nothing
+            problems += [e.diagnostic() for e in malformed_cases(d, limits)]  # runs nothing
             found, warned = probe_findings(engine, f"{policy.name}@{policy.version}")
             problems += [f"{d}: {x}" for x in found]
             warnings += warned
@@ -164,15 +164,33 @@ def run_check(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-def malformed_cases(d: Path, limits: Limits) -> list[str]:
-    """Every problem of the directory's ``*_test.yaml`` case files, as ``file:line: field: message``."""
-    problems: list[str] = []
+def malformed_cases(d: Path, limits: Limits) -> list[PolicyError]:
+    """Every problem of the directory's ``*_test.yaml`` case files, each at ``file:line`` and field."""
+    problems: list[PolicyError] = []
     for f in case_files(d) if d.is_dir() else []:
         try:
             load_case_file(f, limits=limits)
         except PolicyError as e:
-            problems += e.all_diagnostics()
+            problems += [e, *e.others]
     return problems
+
+
+def _report_malformed(d: Path, problems: list[PolicyError], fmt: str) -> int:
+    """Malformed case files: each problem on stderr (text), or as an ERROR test of the CI format
+    (a SARIF result, a GitHub annotation at its line); exit 2, no test ran."""
+    closing = f"{d}: {len(problems)} problem(s) in its case files; no test ran"
+    if fmt == "text":
+        for e in problems:
+            print(e.diagnostic(), file=sys.stderr)
+        print(closing, file=sys.stderr)
+        return 2
+    outcomes = [
+        TestOutcome("malformed case file", f"{e.source}:{e.line or 1}", "ERROR",
+                    f"{e.field}: {e.message}" if e.field else e.message, 0.0)
+        for e in problems
+    ]  # fmt: skip
+    print(render_tests(outcomes, fmt, f"semgov policy test {d}", "none", closing), end="")
+    return 2
 
 
 def _rollout_warnings(args: argparse.Namespace, limits: Limits) -> list[str]:
@@ -189,10 +207,7 @@ def run_test(args: argparse.Namespace) -> int:
     policy = load_policy_source(d, limits=limits_from_args(args))
     malformed = malformed_cases(d, limits_from_args(args))
     if malformed:
-        for line in malformed:
-            print(line, file=sys.stderr)
-        print(f"{d}: {len(malformed)} problem(s) in its case files; no test ran", file=sys.stderr)
-        return 2
+        return _report_malformed(d, malformed, args.format)
     outcomes: list[TestOutcome] = []
     if isinstance(policy, RegoPolicy):
         rego_engine = "opa-inprocess" if args.engine == "opa-inprocess" else "regorus"

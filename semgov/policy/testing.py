@@ -41,7 +41,7 @@ from semgov.errors import PolicyError
 from semgov.intake.limits import Limits
 from semgov.policy.checks import checked_result
 from semgov.policy.engine import EngineResult, PolicyEngine
-from semgov.policy.explain import _head_var, explain_rego_test
+from semgov.policy.explain import explain_rego_test, head_var
 from semgov.policy.rego.loader import lint_ast, rego_files, syntax_diagnostic
 from semgov.policy.yaml.model import did_you_mean
 from semgov.wire.models import GATES
@@ -86,7 +86,7 @@ def discover_rego_tests(directory: Path) -> list[tuple[str, str, str]]:
         pkg, rules, _ = lint_ast(path, entry["ast"])
         lines: dict[str, int] = {}
         for r in entry["ast"].get("rules", []):
-            head = _head_var(r)
+            head = head_var(r)
             if head is not None:
                 lines.setdefault(head[0], int(head[1]["line"]))
         for rule in sorted(r for r in rules if r.startswith("test_")):

@@ -115,3 +115,31 @@ def test_split_location() -> None:
     assert split_location("a/b_test.yaml:12") == ("a/b_test.yaml", 12)
     assert split_location("a/b_test.rego") == ("a/b_test.rego", None)
     assert split_location("C:/x/y:3") == ("C:/x/y", 3)
+
+
+@pytest.mark.parametrize("fmt", ["github", "sarif"])
+def test_malformed_case_files_are_reported_in_the_ci_format(
+    tmp_path: Path, fmt: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each problem of a malformed case file is an error at its file and line in SARIF and GitHub
+    annotations; no test runs and the exit status is 2."""
+    d = tmp_path / "yaml"
+    shutil.copytree(DEFAULT_POLICY_DIR, d)
+    case = d / "policy_test.yaml"
+    text = case.read_text()
+    case.write_text(text[: text.index("\ncases:\n")] + "\ncases:\n  - name: a\n    expect: maybe\n"
+                    "  - name: b\n    expect: deny\n    gates: {tenancy: fail}\n")  # fmt: skip
+    want = [_line_of(case, "expect: maybe"), _line_of(case, "gates: {tenancy")]
+    assert main(["policy", "test", str(d), "--format", fmt]) == 2
+    out = capsys.readouterr().out
+    if fmt == "github":
+        found = [ANNOTATION.fullmatch(x) for x in out.splitlines() if x.startswith("::error")]
+        assert [(m["file"], int(m["line"])) for m in found if m] == [(str(case), n) for n in want]
+        assert "unknown gate (did you mean 'tenant'?)" in out
+    else:
+        doc = json.loads(out)
+        jsonschema.validate(doc, SARIF_SCHEMA)
+        locs = [r["locations"][0]["physicalLocation"] for r in doc["runs"][0]["results"]]
+        assert [(x["artifactLocation"]["uri"], x["region"]["startLine"]) for x in locs] == [
+            (str(case), n) for n in want
+        ]
