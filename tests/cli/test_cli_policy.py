@@ -228,8 +228,7 @@ MALFORMED = """\
 def test_every_malformed_case_is_reported_in_the_lint_wording(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """All problems of a case file are reported at once, each `file:line: field: message` with
-    `did you mean` for a mistyped key, by `policy test` (exit 2) and `policy check` (exit 1)."""
+    """Every problem of a case file is listed as `file:line: field: message`, with `did you mean`."""
     d = _case_dir(tmp_path, MALFORMED)
     f = d / "policy_test.yaml"
     want = [

@@ -23,8 +23,7 @@ def _input(capsys: pytest.CaptureFixture[str], request: str, donor: str) -> tupl
 
 
 def test_dumped_case_is_a_case_file_that_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The output is a case file `semgov policy test` reads, holding the candidate's exact input
-    document, and its expectation is what the policy decides (the case passes)."""
+    """The output is a case file holding the candidate's exact input; the policy passes it."""
     rc, out, _ = _input(capsys, "r-17", "r-03")
     assert rc == 0
     d = tmp_path / "pol"
@@ -64,16 +63,14 @@ def test_dumped_case_pastes_under_an_existing_cases_list(
 def test_request_or_donor_not_in_the_capture_is_a_clear_error(
     request_id: str, donor: str, needle: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """An unknown request, a donor the request has no candidate for, or a malformed request: exit 2,
-    saying what the capture holds; nothing on stdout."""
+    """An unknown request or donor, or a malformed request: exit 2 saying what the capture holds."""
     rc, out, err = _input(capsys, request_id, donor)
     assert rc == 2 and out == "" and needle in err, err
 
 
 @pytest.mark.parametrize("value", [1e-07, 0.9, 1e20, 2.5e-12, 0.0])
 def test_input_floats_read_back_as_the_same_number(tmp_path: Path, value: float) -> None:
-    """A similarity of any float, written into the case, reads back as that float (an exponent
-    is written with a `.`, as YAML 1.1 and JSON read alike)."""
+    """Any float written into a dumped case reads back as the same number (never as a string)."""
     from semgov.cli.policy_input import case_yaml
     from semgov.wire.policy_input import to_json_dict
 

@@ -121,8 +121,7 @@ def test_split_location() -> None:
 def test_malformed_case_files_are_reported_in_the_ci_format(
     tmp_path: Path, fmt: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Each problem of a malformed case file is an error at its file and line in SARIF and GitHub
-    annotations; no test runs and the exit status is 2."""
+    """Each case-file problem is an error at its file:line in SARIF and GitHub annotations; exit 2."""
     d = tmp_path / "yaml"
     shutil.copytree(DEFAULT_POLICY_DIR, d)
     case = d / "policy_test.yaml"

@@ -63,8 +63,7 @@ def _line_of(path: Path, text: str) -> int:
 
 
 def test_each_rule_counts_the_cases_it_decided(ruled: Path) -> None:
-    """The first rule (scope) that lets a donor through, a group, an entity, the selected quality
-    rule: each counts the decided cases it decided; the others count none."""
+    """Each rule counts the decided cases it decided (the first matching scope or sharing rule)."""
     policy = load_policy_source(ruled)
     outcomes = run_case_file(ruled / "policy_test.yaml", make_engine(policy))
     cov = case_coverage(policy, ruled, outcomes)
@@ -115,8 +114,7 @@ def test_threshold_of_a_rego_policy_reads_its_line_coverage(capsys: pytest.Captu
 
 
 def test_rego_rule_constants_are_covered_like_yaml_rules(tmp_path: Path) -> None:
-    """A Rego policy's namespace_sharing rules and forbidden_entities count the cases they decided,
-    each located at its constant's line."""
+    """A Rego policy's rule constants count the cases they decided, located at their constant's line."""
     d = tmp_path / "rego"
     shutil.copytree(ROOT / "policies" / "rego" / "default", d)
     text = (d / "policy.rego").read_text()
