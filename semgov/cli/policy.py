@@ -1,21 +1,23 @@
-"""``semgov policy check`` (lint) and ``semgov policy test`` (unit tests)."""
+"""``semgov policy check`` (lint), ``semgov policy test`` (unit tests), ``semgov policy eval`` and
+``semgov policy input`` (a captured candidate as a test case, semgov.cli.policy_input)."""
 
 from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
 from semgov.cli.check import add_limit_flags, limits_from_args
-from semgov.cli.report import render_tests
+from semgov.cli.policy_report import render_tests
 from semgov.errors import PolicyError
 from semgov.intake.limits import Limits
 from semgov.policy.probes import probe_findings
 from semgov.policy.rego.loader import RegoPolicy, lint, rego_files
 from semgov.policy.rollout import replacement
 from semgov.policy.source import ENGINES, load_policy_source, make_engine
-from semgov.policy.testing import TestOutcome, case_files, run_case_file, run_rego_tests
+from semgov.policy.testing import TestOutcome, case_files, load_case_file, run_case_file, run_rego_tests
 from semgov.policy.yaml.model import POLICY_FILE, load_policy
 
 TEST_HELP = """\
@@ -25,8 +27,8 @@ Run a policy directory's unit tests and report each as PASS, FAIL or ERROR:
 - YAML case files: `*_test.yaml` files of policy input documents with the
   expected decision (and optionally gate outcomes), run through the directory's
   policy and engine. See docs/rego.md for both formats.
-Exit status: 0 all passed, 1 a test failed or errored, 2 nothing to run or the
-policy does not load."""
+Exit status: 0 all passed, 1 a test failed or errored, 2 nothing to run, the
+policy does not load or a case file is malformed (every problem is listed)."""
 
 
 def register(sub: Any) -> None:
@@ -57,6 +59,29 @@ def register(sub: Any) -> None:
     )
     add_limit_flags(c, ("max_policy_bytes",))
     c.set_defaults(func=run_check)
+    _register_test(ps)
+    e = ps.add_parser(
+        "eval",
+        help="decide one policy input document (like `opa eval`)",
+        description="Decide one policy input document (schemas/policy_input.schema.json, strict JSON) "
+        "with the policy's engine and semgov's own checks of its answer (an approved span token "
+        "verification did not find is an error). Prints the gates, the decision and the approved "
+        "spans as JSON; exit 0 whatever the decision, 2 on bad input.",
+    )
+    e.add_argument("directory", type=Path, metavar="DIR", help="policy directory (YAML or Rego)")
+    e.add_argument("--input", required=True, metavar="FILE", help="the input document (JSON; - for stdin)")
+    e.add_argument(
+        "--engine", choices=ENGINES, default="auto", help="policy engine (default: the policy's own)"
+    )
+    add_limit_flags(e)
+    e.set_defaults(func=run_eval)
+    from semgov.cli import policy_input
+
+    policy_input.register(ps, add_limit_flags)
+
+
+def _register_test(ps: Any) -> None:
+    """``semgov policy test`` and its flags."""
     t = ps.add_parser(
         "test", help="run a policy directory's unit tests", description=TEST_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -74,8 +99,18 @@ def register(sub: Any) -> None:
         "--coverage",
         action="store_true",
         help="after the tests: per gate, how many cases saw it pass, fail and error (a gate no case "
-        "fails is named); for a Rego policy also the lines of each module the Rego tests evaluated and "
-        "those they never reached (measured by regorus)",
+        "fails is named); each rule of the policy (public-donor scope, sharing rule, task group, "
+        "forbidden PII entity, YAML quality rule) with its line and the cases that exercised it, and the "
+        "share of gate outcomes and rules exercised; for a Rego policy also the lines of each module "
+        "the Rego tests evaluated and those they never reached (measured by regorus)",
+    )
+    t.add_argument(
+        "--threshold",
+        type=float,
+        metavar="PCT",
+        help="with --coverage (implied): exit 1 when the share of gate outcomes and policy rules the "
+        "cases exercised, or for a Rego policy the share of its modules' lines the Rego tests reached, "
+        "is below PCT percent (as `opa test --threshold`)",
     )
     t.add_argument(
         "--explain",
@@ -86,28 +121,13 @@ def register(sub: Any) -> None:
     )
     t.add_argument(
         "--format",
-        choices=("text", "json", "junit", "github"),
+        choices=("text", "json", "junit", "sarif", "github"),
         default="text",
-        help="text (default); json, junit (XML) or github (workflow annotations) for CI. Every format "
-        "ends with `N tests, N passed, N warnings, N failures`",
+        help="text (default); json, junit (XML), sarif (2.1.0) or github (workflow annotations with "
+        "file= and line=) for CI. Every format ends with `N tests, N passed, N warnings, N failures`",
     )
     add_limit_flags(t, ("max_policy_bytes",))
     t.set_defaults(func=run_test)
-    e = ps.add_parser(
-        "eval",
-        help="decide one policy input document (like `opa eval`)",
-        description="Decide one policy input document (schemas/policy_input.schema.json, strict JSON) "
-        "with the policy's engine and semgov's own checks of its answer (an approved span token "
-        "verification did not find is an error). Prints the gates, the decision and the approved "
-        "spans as JSON; exit 0 whatever the decision, 2 on bad input.",
-    )
-    e.add_argument("directory", type=Path, metavar="DIR", help="policy directory (YAML or Rego)")
-    e.add_argument("--input", required=True, metavar="FILE", help="the input document (JSON; - for stdin)")
-    e.add_argument(
-        "--engine", choices=ENGINES, default="auto", help="policy engine (default: the policy's own)"
-    )
-    add_limit_flags(e)
-    e.set_defaults(func=run_eval)
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -127,8 +147,7 @@ def run_check(args: argparse.Namespace) -> int:
         try:
             policy = load_policy_source(d, limits=limits)
             engine = make_engine(policy)
-            for f in case_files(d):
-                run_case_file(f, engine, run=re.compile(r"(?!)"))  # structure only, runs nothing
+            problems += [e.diagnostic() for e in malformed_cases(d, limits)]  # runs nothing
             found, warned = probe_findings(engine, f"{policy.name}@{policy.version}")
             problems += [f"{d}: {x}" for x in found]
             warnings += warned
@@ -145,6 +164,35 @@ def run_check(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def malformed_cases(d: Path, limits: Limits) -> list[PolicyError]:
+    """Every problem of the directory's ``*_test.yaml`` case files, each at ``file:line`` and field."""
+    problems: list[PolicyError] = []
+    for f in case_files(d) if d.is_dir() else []:
+        try:
+            load_case_file(f, limits=limits)
+        except PolicyError as e:
+            problems += [e, *e.others]
+    return problems
+
+
+def _report_malformed(d: Path, problems: list[PolicyError], fmt: str) -> int:
+    """Malformed case files: each problem on stderr (text), or as an ERROR test of the CI format
+    (a SARIF result, a GitHub annotation at its line); exit 2, no test ran."""
+    closing = f"{d}: {len(problems)} problem(s) in its case files; no test ran"
+    if fmt == "text":
+        for e in problems:
+            print(e.diagnostic(), file=sys.stderr)
+        print(closing, file=sys.stderr)
+        return 2
+    outcomes = [
+        TestOutcome("malformed case file", f"{e.source}:{e.line or 1}", "ERROR",
+                    f"{e.field}: {e.message}" if e.field else e.message, 0.0)
+        for e in problems
+    ]  # fmt: skip
+    print(render_tests(outcomes, fmt, f"semgov policy test {d}", "none", closing), end="")
+    return 2
+
+
 def _rollout_warnings(args: argparse.Namespace, limits: Limits) -> list[str]:
     """What replacing ``--replaces`` by the checked policy does to live donors (docs/policy.md)."""
     new = load_policy_source(args.directory, limits=limits)
@@ -157,6 +205,9 @@ def run_test(args: argparse.Namespace) -> int:
     d: Path = args.directory
     run = re.compile(args.run) if args.run else None
     policy = load_policy_source(d, limits=limits_from_args(args))
+    malformed = malformed_cases(d, limits_from_args(args))
+    if malformed:
+        return _report_malformed(d, malformed, args.format)
     outcomes: list[TestOutcome] = []
     if isinstance(policy, RegoPolicy):
         rego_engine = "opa-inprocess" if args.engine == "opa-inprocess" else "regorus"
@@ -186,9 +237,14 @@ def run_test(args: argparse.Namespace) -> int:
         print(closing)
     else:
         print(render_tests(outcomes, args.format, f"semgov policy test {d}", engine.name, closing), end="")
-    if args.coverage:
-        _print_coverage(policy, d, run, outcomes, to_stderr=args.format != "text")
-    return 0 if passed == len(outcomes) else 1
+    below: list[str] = []
+    if args.coverage or args.threshold is not None:
+        measures = _print_coverage(policy, d, run, outcomes, to_stderr=args.format != "text")
+        if args.threshold is not None:
+            below = [f"{what} {share:.1%}" for what, share in measures if share * 100 < args.threshold]
+    if below:
+        print(f"{d}: coverage below --threshold {args.threshold:g}%: {'; '.join(below)}", file=sys.stderr)
+    return 0 if passed == len(outcomes) and not below else 1
 
 
 def _case_explainer(policy: Any, d: Path) -> Any:
@@ -211,11 +267,10 @@ def _ranges(lines: tuple[int, ...]) -> str:
 
 def _print_coverage(
     policy: Any, d: Path, run: re.Pattern[str] | None, outcomes: list[TestOutcome], *, to_stderr: bool
-) -> None:
-    """``--coverage``: gate outcomes the case files exercised, and line coverage of a Rego
-    policy's modules by its Rego tests."""
-    import sys
-
+) -> list[tuple[str, float]]:
+    """``--coverage``: gate outcomes and policy rules the case files exercised, and line coverage
+    of a Rego policy's modules by its Rego tests. Returns each measure for ``--threshold``."""
+    from semgov.policy.coverage import case_coverage
     from semgov.policy.testing import gate_coverage, rego_coverage
 
     out = sys.stderr if to_stderr else sys.stdout
@@ -228,20 +283,34 @@ def _print_coverage(
     for gate, counts in table.items() if decided else ():
         gap = "" if counts["fail"] else "   <- no case fails this gate"
         print(f"  {gate:<18} {counts['pass']:>4} {counts['fail']:>4} {counts['error']:>4}{gap}", file=out)
+    measures: list[tuple[str, float]] = []
+    if decided or not isinstance(policy, RegoPolicy):
+        cov = case_coverage(policy, d, outcomes)
+        print(f"rule coverage: {cov.covered}/{len(cov.items)} gate outcomes and policy rules exercised "
+              f"({cov.share:.1%})", file=out)  # fmt: skip
+        rules = cov.rules()
+        wide = max((len(i.name) for i in rules), default=0), max((len(i.where) for i in rules), default=0)
+        for item in rules:
+            gap = "" if item.cases else "   <- no case exercises this rule"
+            print(f"  {item.name:<{wide[0]}}  {item.where:<{wide[1]}} {item.cases:>4} case(s){gap}", file=out)
+        measures.append(("rule coverage", cov.share))
     if not isinstance(policy, RegoPolicy):
-        return
-    for f in rego_coverage(d, run=run):
+        return measures
+    files = rego_coverage(d, run=run)
+    for f in files:
         n = len(f.covered) + len(f.not_covered)
         print(f"coverage {f.path}: {len(f.covered)}/{n} lines ({f.share:.1%})", file=out)
         if f.not_covered:
             print(f"  not reached: {_ranges(f.not_covered)}", file=out)
+    total = sum(len(f.covered) + len(f.not_covered) for f in files)
+    measures.append(("line coverage", sum(len(f.covered) for f in files) / total if total else 1.0))
+    return measures
 
 
 def run_eval(args: argparse.Namespace) -> int:
     """``semgov policy eval``: one input document, decided, as JSON on stdout."""
     import dataclasses
     import json
-    import sys
 
     from pydantic import ValidationError
 

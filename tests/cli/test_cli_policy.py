@@ -208,3 +208,55 @@ def test_json_case_document_reads_as_json(tmp_path: Path) -> None:
     doc["now"] = "2026-11-29T10:00:00Z"
     f.write_text(json.dumps({"cases": [{"name": "j", "input": doc, "expect": "allow"}]}))
     assert [c.name for c in load_case_file(f)] == ["j"]
+
+
+MALFORMED = """\
+  - name: fine
+    expect: allow
+  - name: typo in a case key
+    pach: {candidate: {similarity: 0.1}}
+    expect: deny
+  - name: typo in a gate
+    expect: deny
+    gates: {tenancy: fail}
+  - name: typo in the document
+    patch: {candidate: {similarty: 0.1, prompt_tokens: '370'}}
+    expect: deny
+"""
+
+
+def test_every_malformed_case_is_reported_in_the_lint_wording(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every problem of a case file is listed as `file:line: field: message`, with `did you mean`."""
+    d = _case_dir(tmp_path, MALFORMED)
+    f = d / "policy_test.yaml"
+    want = [
+        f"{f}:{_line_of(d, 'pach:')}: cases.1.pach: case 'typo in a case key': unknown key "
+        "(did you mean 'patch'?)",
+        f"{f}:{_line_of(d, 'tenancy')}: cases.2.gates.tenancy: case 'typo in a gate': unknown gate "
+        "(did you mean 'tenant'?)",
+        f"{f}:{_line_of(d, 'similarty')}: candidate.prompt_tokens: case 'typo in the document': "
+        "Input should be a valid integer (got '370')",
+        f"{f}:{_line_of(d, 'similarty')}: candidate.similarty: case 'typo in the document': unknown key "
+        "(did you mean 'similarity'?)",
+    ]
+    e = _case_error(d)
+    assert len(e.all_diagnostics()) == 4 and "[and 3 more problems]" in e.message
+    assert main(["policy", "test", str(d)]) == 2
+    out, err = capsys.readouterr()
+    assert "PASS" not in out
+    got = [x for x in err.splitlines() if x.startswith(str(f))]
+    assert [x.split(" (keys:")[0].split(" (gates:")[0].split(" [and")[0] for x in got] == want, err
+    assert "4 problem(s) in its case files; no test ran" in err
+    assert main(["policy", "check", str(d)]) == 1
+    out = capsys.readouterr().out
+    assert all(w.split(": case")[0] in out for w in want) and "4 problem(s)" in out
+
+
+def test_case_structure_and_documents_are_checked_in_one_pass(tmp_path: Path) -> None:
+    """A case file's top-level problems and its cases' problems come together, the first first."""
+    d = _case_dir(tmp_path, "  - name: a\n    expect: maybe\n", base="bsae: {}")
+    e = _case_error(d)
+    assert "unknown key (did you mean 'base'?)" in e.message and e.line == 1
+    assert [o.field for o in e.others] == ["cases.0.expect"]
