@@ -1,5 +1,6 @@
 """CI formats for ``semgov check`` (a JSON document, JUnit XML, SARIF 2.1.0, GitHub annotations)
-and ``semgov policy test`` (JSON, JUnit XML, GitHub annotations).
+and ``semgov policy test`` (JSON, JUnit XML, GitHub annotations); ``semgov diff``'s are in
+:mod:`semgov.cli.diff_report`.
 
 Pure rendering of a :class:`CheckReport` (what one run found); the command fills it in. The
 conventions are conftest's and OPA's: every decision is a test; a test fails when its decision
@@ -20,13 +21,11 @@ from xml.sax.saxutils import escape, quoteattr
 if TYPE_CHECKING:
     from semgov.policy.testing import TestOutcome
 
-Kind = Literal["mismatch", "error", "malformed", "flip", "spans"]
+Kind = Literal["mismatch", "error", "malformed"]
 RULES: dict[Kind, tuple[str, str]] = {
     "mismatch": ("semgov/decision-mismatch", "A decision differs from the request's expectation"),
     "error": ("semgov/error-decision", "A decision was made by errors alone (no gate failed)"),
     "malformed": ("semgov/malformed-request", "A captured request line is not a valid request"),
-    "flip": ("semgov/decision-flip", "The policy change flips a decision"),
-    "spans": ("semgov/span-change", "The policy change changes what an allow reuses"),
 }
 CHECK_REPORT_SCHEMA = "semgov.check_report/v1"
 POLICY_TEST_REPORT_SCHEMA = "semgov.policy_test_report/v1"

@@ -279,10 +279,11 @@ def _lines(f: IO[bytes], limit: int) -> Iterator[tuple[bytes, int | None]]:
 
 def _read_file(
     f: IO[bytes], lim: Limits, first: int = 0, label: str | None = None
-) -> Generator[CapturedRequest | MalformedLine, None, int]:
-    """The items of one open file, numbered from ``first + 1``; returns the last line number. A read
-    error ends the file with one MalformedLine ("cannot read further"). With a ``label``, each
-    malformed line's reason starts with ``"{label} line {n}: "`` (``n`` counted in this file)."""
+) -> Generator[tuple[int, CapturedRequest | MalformedLine], None, int]:
+    """``(line in this file, item)`` for each item of one open file, numbered from ``first + 1``
+    (``item.line`` of a MalformedLine); returns the last line number. A read error ends the file
+    with one MalformedLine ("cannot read further"). With a ``label``, each malformed line's reason
+    starts with ``"{label} line {n}: "`` (``n`` counted in this file)."""
     n = first
     try:
         for raw, over in _lines(f, lim.max_line_bytes):
@@ -295,10 +296,11 @@ def _read_file(
                 item = parse_line(raw, n, limits=lim)
             else:
                 continue
-            yield _labelled(item, label, n - first)
+            yield n - first, _labelled(item, label, n - first)
     except (OSError, EOFError, gzip.BadGzipFile, io.UnsupportedOperation) as e:
         n += 1
-        yield _labelled(MalformedLine(n, f"cannot read further: {e}", None, "", "", ()), label, n - first)
+        end = MalformedLine(n, f"cannot read further: {e}", None, "", "", ())
+        yield n - first, _labelled(end, label, n - first)
     return n
 
 
@@ -330,13 +332,22 @@ def capture_files(directory: str | Path) -> list[Path]:
     return files
 
 
-def _read_directory(directory: str | Path, lim: Limits) -> Iterator[CapturedRequest | MalformedLine]:
+def _read_directory(
+    directory: str | Path, lim: Limits
+) -> Iterator[tuple[str, int, CapturedRequest | MalformedLine]]:
     """Every capture file of ``directory`` as one stream (line numbers count across the files)."""
     offset = 0
     for path in capture_files(directory):
         f = _open(str(path))
         try:
-            offset = yield from _read_file(f, lim, offset, path.name)
+            items = _read_file(f, lim, offset, path.name)
+            while True:
+                try:
+                    n, item = next(items)
+                except StopIteration as stop:
+                    offset = stop.value
+                    break
+                yield str(path), n, item
         finally:
             f.close()
 
@@ -354,6 +365,15 @@ def read_captured(
     ``limits`` (default: :meth:`Limits.from_env`): a line over ``max_line_bytes`` is a
     :class:`MalformedLine` and is never held in memory beyond that many bytes.
     """
+    for _, _, item in read_captured_at(path, limits=limits):
+        yield item
+
+
+def read_captured_at(
+    path: str | Path, *, limits: Limits | None = None
+) -> Iterator[tuple[str, int, CapturedRequest | MalformedLine]]:
+    """:func:`read_captured`, each item with where it was read: ``(file, line in that file, item)``
+    (in a capture directory: the file of the directory and its own line number)."""
     lim = resolve(limits)
     name = str(path)
     if name != "-" and Path(name).is_dir():
@@ -361,7 +381,8 @@ def read_captured(
         return
     f = _open(name)
     try:
-        yield from _read_file(f, lim)
+        for n, item in _read_file(f, lim):
+            yield name, n, item
     finally:
         if f is not sys.stdin.buffer:
             f.close()
