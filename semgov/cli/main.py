@@ -86,13 +86,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(only=command_of(args_in))
     args = parser.parse_args(args_in)
     from semgov import log
-    from semgov.errors import SemgovError
+    from semgov.errors import PolicyError, SemgovError
 
     log.configure(args.log_format)
     try:
         rc: int = args.func(args)
     except SemgovError as e:
-        log.get_logger().error(e.diagnostic())
+        # NOTE: an invalid policy: every problem found, not just the first (as `policy check`)
+        for line in e.all_diagnostics() if isinstance(e, PolicyError) else [e.diagnostic()]:
+            log.get_logger().error(line)
         return 2
     except BrokenPipeError:
         return 0

@@ -16,6 +16,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import quote
 from xml.sax.saxutils import escape, quoteattr
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ class Finding:
     request_id: str | None = None
     donor_id: str | None = None
     line: int | None = None
+    file: str | None = None  # the captured file holding ``line`` (a capture directory's file)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -47,6 +49,7 @@ class Finding:
             "rule": RULES[self.kind][0],
             "request_id": self.request_id,
             "donor_id": self.donor_id,
+            "file": self.file,
             "line": self.line,
             "message": self.message,
         }
@@ -149,7 +152,9 @@ def render_sarif(r: CheckReport, version: str) -> str:
                 "ruleId": RULES[f.kind][0],
                 "level": "error",
                 "message": {"text": f.message},
-                "locations": [{"physicalLocation": {"artifactLocation": {"uri": r.captured}, **region}}],
+                "locations": [
+                    {"physicalLocation": {"artifactLocation": {"uri": _uri(f.file or r.captured)}, **region}}
+                ],
                 "properties": {"request_id": f.request_id, "donor_id": f.donor_id},
             }
         )
@@ -175,6 +180,10 @@ def render_sarif(r: CheckReport, version: str) -> str:
     return json.dumps(doc, indent=2) + "\n"
 
 
+def _uri(path: str) -> str:
+    return quote(path, safe="/:")
+
+
 def _gh(text: str) -> str:
     """A GitHub workflow command's message: ``%``, CR and LF escaped as the runner expects."""
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
@@ -184,7 +193,9 @@ def render_github(r: CheckReport) -> str:
     """GitHub Actions workflow commands: one ``::error`` per finding, a ``::notice`` summary."""
     out = []
     for f in r.findings:
-        where = f"file={_gh(r.captured).replace(',', '%2C')}" + (f",line={f.line}" if f.line else "")
+        where = f"file={_gh(f.file or r.captured).replace(',', '%2C')}" + (
+            f",line={f.line}" if f.line else ""
+        )
         title = _gh(RULES[f.kind][1]).replace(",", "%2C").replace(":", "%3A")
         out.append(f"::error {where},title={title}::{_gh(f.message)}")
     out.append(f"::notice title={_gh(r.command)}::{_gh(r.closing_line())}")

@@ -48,11 +48,21 @@ class MalformedLine:
     donor_ids: tuple[str, ...]
 
 
-def _describe(e: ValidationError) -> str:
+_AT = re.compile(r" at line (\d+) column (\d+)$")
+
+
+def _describe(e: ValidationError, raw: bytes = b"") -> str:
     errs = e.errors(include_url=False)
     first = errs[0]
     loc = ".".join(str(p) for p in first["loc"])
     msg = f"{loc}: {first['msg']}" if loc else first["msg"]
+    m = _AT.search(msg) if first["type"] == "json_invalid" else None
+    if m is not None:
+        # NOTE: the JSON parser counts lines inside the one captured line (its newline makes a
+        # "line 2"): say where in the captured line instead.
+        end = int(m.group(1)) > 1 or int(m.group(2)) >= len(raw.rstrip(b"\r\n"))
+        where = " at the end of the line (the line is cut short?)" if end else f" at column {m.group(2)}"
+        msg = msg[: m.start()] + where
     if len(errs) > 1:
         msg += f" (+{len(errs) - 1} more)"
     return msg
@@ -229,7 +239,7 @@ def parse_line(raw: bytes, line: int, *, limits: Limits | None = None) -> Captur
     try:
         req = CapturedRequest.model_validate_json(raw)
     except ValidationError as e:
-        return _salvage(raw, line, _describe(e))
+        return _salvage(raw, line, _describe(e, raw))
     except (ValueError, RecursionError) as e:
         return _salvage(raw, line, f"{type(e).__name__}: {e}")
     problem = strictness_problem(raw)

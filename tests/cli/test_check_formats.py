@@ -83,12 +83,18 @@ def test_junit_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_sarif_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """--format sarif: SARIF 2.1.0 with the rules and one error result per finding at the file."""
+    """--format sarif: valid SARIF 2.1.0 with check's own rules, one error result per finding at the file."""
+    import jsonschema
+
+    from tests.conftest import ASSETS
+
     main(check(tmp_path, "--format", "sarif", policy=lying_rego(tmp_path)))
     doc = json.loads(capsys.readouterr().out)
+    jsonschema.validate(doc, json.loads((ASSETS / "sarif-schema-2.1.0.json").read_text()))
     run = doc["runs"][0]
     assert doc["version"] == "2.1.0" and run["tool"]["driver"]["name"] == "semgov"
     rules = {r["id"] for r in run["tool"]["driver"]["rules"]}
+    assert rules == {"semgov/decision-mismatch", "semgov/error-decision", "semgov/malformed-request"}
     assert len(run["results"]) == 3 and {r["ruleId"] for r in run["results"]} <= rules
     assert run["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"].endswith(
         "good.jsonl"
