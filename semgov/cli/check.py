@@ -152,9 +152,11 @@ class _Tally:
     findings: list[Finding] = field(default_factory=list)
     not_compared: int = 0  # token_verification errors: another tenant's private donor, never compared
     where: tuple[str, int] = ("", 0)  # the captured file and line of the request being decided
+    cases: list[list[Any]] = field(default_factory=list)  # [request_id, donor_id, warned] per decision
 
     def add(self, d: SignedDecision) -> None:
         self.decisions[d.decision] += 1
+        self.cases.append([str(d.record["request_id"]), d.donor_id, False])
         self.approved_tokens += int(d.record["approved_tokens"])
         results = set()
         for g in d.record["gates"]:
@@ -188,6 +190,7 @@ class _Tally:
             allow=self.decisions["allow"],
             approved_tokens=self.approved_tokens,
             warnings=self.unexpected,
+            cases=[(c[0], c[1], c[2]) for c in self.cases],
             findings=self.findings,
             gates={g: {"fail": self.gate_fail[g], "error": self.gate_error[g]} for g in GATES},
         )
@@ -364,6 +367,7 @@ def _expect(tally: _Tally, expect: Mapping[str, str] | None, d: SignedDecision) 
     want = (expect or {}).get(d.donor_id)
     if want is None:
         tally.unexpected += 1
+        tally.cases[-1][2] = True  # NOTE: a warning: no expectation to compare with
         return
     tally.checked += 1
     if want != d.decision:

@@ -7,7 +7,8 @@ conventions are conftest's and OPA's: every decision is a test; a test fails whe
 differs from the request's ``expect`` or it was decided by errors alone (a deny no gate failed:
 the engine failed, timed out or answered something invalid, or a fact could not be computed);
 a malformed request line is a failure too; under ``--expect`` a decision with no expectation is
-a warning. The closing line of every format is ``N tests, N passed, N warnings, N failures``.
+a warning. The closing line of every format is ``N tests, N passed, N warnings, N failures``;
+JUnit has one testcase per decision and per malformed line, so its counts are its elements'.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class CheckReport:
     warnings: int = 0
     findings: list[Finding] = field(default_factory=list)
     gates: dict[str, dict[str, int]] = field(default_factory=dict)
+    cases: list[tuple[str, str, bool]] = field(default_factory=list)  # per decision: ids, warned
 
     @property
     def failures(self) -> int:
@@ -114,33 +116,42 @@ def render_json(r: CheckReport) -> str:
 
 
 def render_junit(r: CheckReport) -> str:
-    """One testsuite; one testcase per finding, plus one for everything that passed (JUnit readers
-    show counts from the suite's attributes)."""
-    errors = r.count("error")
-    failures = r.failures - errors
-    name = quoteattr(f"{r.command} {r.captured}")
-    out = [
-        '<?xml version="1.0" encoding="UTF-8"?>',
-        f'<testsuites name={name} tests="{r.tests}" failures="{failures}" errors="{errors}">',
-        f'  <testsuite name={name} tests="{r.tests}" failures="{failures}" errors="{errors}" '
-        f'skipped="{r.warnings}">',
-    ]
+    """One testcase per decision (its ``<failure>``/``<error>`` findings, ``<skipped>`` for a warning)
+    and one per malformed line: the suite's counts are its testcases' and their elements'."""
+    by_case: dict[tuple[str | None, str | None], list[Finding]] = {}
     for f in r.findings:
-        cls = quoteattr(f.request_id or f"line {f.line}")
-        case = quoteattr(f"donor {f.donor_id}" if f.donor_id else f.kind)
-        tag = "error" if f.kind == "error" else "failure"
-        out.append(f"    <testcase classname={cls} name={case}>")
-        out.append(f"      <{tag} type={quoteattr(RULES[f.kind][0])} message={quoteattr(f.message)}/>")
-        out.append("    </testcase>")
-    ok = quoteattr(
-        f"{r.passed} decisions unchanged"
-        if r.command == "semgov diff"
-        else f"{r.passed} decisions as expected"
+        if f.kind != "malformed":
+            by_case.setdefault((f.request_id, f.donor_id), []).append(f)
+    body: list[str] = []
+    for request_id, donor_id, warned in r.cases:
+        found = by_case.pop((request_id, donor_id), [])
+        body += _junit_case(request_id, f"donor {donor_id}", found, warned)
+    for f in [f for f in r.findings if f.kind == "malformed"] + [f for fs in by_case.values() for f in fs]:
+        body += _junit_case(f.request_id or f"{f.file or r.captured}:{f.line}", f.kind, [f], False)
+    tests = sum(x.startswith("    <testcase") for x in body)
+    errors = sum(x.startswith("      <error") for x in body)
+    failures = sum(x.startswith("      <failure") for x in body)
+    skipped = sum(x.startswith("      <skipped") for x in body)
+    name = quoteattr(f"{r.command} {r.captured}")
+    counts = f'tests="{tests}" failures="{failures}" errors="{errors}" skipped="{skipped}"'
+    return "\n".join(
+        ['<?xml version="1.0" encoding="UTF-8"?>', f"<testsuites name={name} {counts}>"]
+        + [f"  <testsuite name={name} {counts}>", *body]
+        + [f"    <system-out>{escape(r.closing_line())}</system-out>", "  </testsuite>", "</testsuites>", ""]
     )
-    out.append(f'    <testcase classname="semgov" name={ok}/>')
-    out.append(f"    <system-out>{escape(r.closing_line())}</system-out>")
-    out += ["  </testsuite>", "</testsuites>", ""]
-    return "\n".join(out)
+
+
+def _junit_case(classname: str | None, name: str, found: list[Finding], warned: bool) -> list[str]:
+    head = f"    <testcase classname={quoteattr(classname or '')} name={quoteattr(name)}"
+    if not found and not warned:
+        return [head + "/>"]
+    out = [head + ">"]
+    for f in found:
+        tag = "error" if f.kind == "error" else "failure"
+        out.append(f"      <{tag} type={quoteattr(RULES[f.kind][0])} message={quoteattr(f.message)}/>")
+    if warned and not found:
+        out.append('      <skipped message="no expectation for this decision (--expect)"/>')
+    return [*out, "    </testcase>"]
 
 
 def render_sarif(r: CheckReport, version: str) -> str:
