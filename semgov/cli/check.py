@@ -219,7 +219,7 @@ def _summary(t: _Tally, args: argparse.Namespace, ev: Evaluator, out: IO[str]) -
     if t.not_compared:
         w(
             f"  ({t.not_compared} token_verification error(s): another tenant's private donor, "
-            'deliberately not compared; its tenant gate fails. docs/policy.md "Token verification")\n'
+            'deliberately not compared;\n   its tenant gate denies it: docs/policy.md "Token verification")\n'
         )
     if args.expect:
         w(
