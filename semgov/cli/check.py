@@ -5,20 +5,24 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from semgov import log
 from semgov.cli.report import CheckReport, Finding, render_github, render_json, render_junit, render_sarif
 from semgov.decide import Evaluator, SignedDecision, refused_input
 from semgov.errors import InputError
-from semgov.intake.capture import MalformedLine, read_captured
+from semgov.facts.compute import NOT_COMPARED
+from semgov.intake.capture import MalformedLine, read_captured_at
 from semgov.intake.limits import SETTINGS, Limits, positive_int_arg
 from semgov.policy.engine import PolicyEngine, PolicySource
 from semgov.policy.source import ENGINES, OpaServer, load_policy_source, make_engine
-from semgov.signing.keys import Keyring, load_signing_key
+from semgov.signing.keys import Keyring, SigningKey, load_signing_key
 from semgov.typing import AuditSink
 from semgov.wire.models import GATES
 from semgov.wire.timefmt import parse_rfc3339
@@ -96,10 +100,10 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--signing-key",
-        required=True,
         type=Path,
         metavar="KEY",
-        help="Ed25519 PKCS#8 PEM key that signs decisions",
+        help="Ed25519 PKCS#8 PEM key that signs decisions; needed when records are written (--out, "
+        "--audit, --format jsonl), otherwise a throwaway key signs them",
     )
     p.add_argument(
         "--now", metavar="RFC3339", help="decision clock for every request (default: its received_at)"
@@ -146,9 +150,13 @@ class _Tally:
     unexpected: int = 0
     mismatches: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    not_compared: int = 0  # token_verification errors: another tenant's private donor, never compared
+    where: tuple[str, int] = ("", 0)  # the captured file and line of the request being decided
+    cases: list[list[Any]] = field(default_factory=list)  # [request_id, donor_id, warned] per decision
 
     def add(self, d: SignedDecision) -> None:
         self.decisions[d.decision] += 1
+        self.cases.append([str(d.record["request_id"]), d.donor_id, False])
         self.approved_tokens += int(d.record["approved_tokens"])
         results = set()
         for g in d.record["gates"]:
@@ -157,6 +165,7 @@ class _Tally:
                 self.gate_fail[g["gate"]] += 1
             elif g["result"] == "error":
                 self.gate_error[g["gate"]] += 1
+                self.not_compared += NOT_COMPARED in str(g["detail"])
         # NOTE: a deny for the input (over the limits, malformed) is not an error of the policy
         # engine: the table counts its gate errors, the exit status does not (malformed lines: 2).
         if "error" in results and "fail" not in results and not refused_input(d.record):
@@ -166,6 +175,8 @@ class _Tally:
                     f"decided by errors alone: {_why(d)}",
                     str(d.record["request_id"]),
                     d.donor_id,
+                    self.where[1],
+                    self.where[0],
                 )
             )
 
@@ -179,6 +190,7 @@ class _Tally:
             allow=self.decisions["allow"],
             approved_tokens=self.approved_tokens,
             warnings=self.unexpected,
+            cases=[(c[0], c[1], c[2]) for c in self.cases],
             findings=self.findings,
             gates={g: {"fail": self.gate_fail[g], "error": self.gate_error[g]} for g in GATES},
         )
@@ -204,10 +216,20 @@ def _summary(t: _Tally, args: argparse.Namespace, ev: Evaluator, out: IO[str]) -
     w(f"  {'gate':<20}{'fail':>8}{'error':>8}\n")
     for g in GATES:
         w(f"  {g:<20}{t.gate_fail[g]:>8}{t.gate_error[g]:>8}\n")
+    if t.not_compared:
+        w(
+            f"  ({t.not_compared} token_verification error(s): another tenant's private donor, "
+            'deliberately not compared;\n   its tenant gate denies it: docs/policy.md "Token verification")\n'
+        )
     if args.expect:
         w(
             f"expectations: {t.checked} checked, {len(t.mismatches)} mismatches, "
             f"{t.unexpected} without an expectation\n"
+        )
+    else:
+        w(
+            "expectations: not compared (no --expect): a test fails only when its decision was made "
+            "by errors alone\n"
         )
 
 
@@ -267,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
     limits = limits_from_args(args)
     policy = load_policy_source(args.policy, limits=limits)
     keyring = Keyring.load(args.trust)
-    signer = load_signing_key(args.signing_key)
+    signer = _signer(args)
     now = parse_rfc3339(args.now, what="--now") if args.now else None
     ev = Evaluator(policy, keyring, signer, engine=_engine(policy, args), limits=limits)
     tally = _Tally()
@@ -296,13 +318,16 @@ def run(args: argparse.Namespace) -> int:
             out_file.write(d.canonical + b"\n")
 
     try:
-        for item in read_captured(args.captured, limits=limits):
+        for file, line, item in read_captured_at(args.captured, limits=limits):
             tally.requests += 1
+            tally.where = (file, line)
             if isinstance(item, MalformedLine):
                 tally.malformed += 1
-                logger.error(f"{args.captured}:{item.line}: skipped malformed request: {item.reason}")
+                logger.error(f"{file}:{line}: skipped malformed request: {item.reason}")
                 tally.findings.append(
-                    Finding("malformed", f"malformed request: {item.reason}", item.request_id, line=item.line)
+                    Finding(
+                        "malformed", f"malformed request: {item.reason}", item.request_id, None, line, file
+                    )
                 )
                 clock = now if now is not None else datetime.now(UTC)
                 for d in ev.deny_malformed(item, clock):
@@ -310,26 +335,8 @@ def run(args: argparse.Namespace) -> int:
                 continue
             for d in ev.evaluate(item, now):
                 emit(d)
-                if not args.expect:
-                    continue
-                want = (item.expect or {}).get(d.donor_id)
-                if want is None:
-                    tally.unexpected += 1
-                    continue
-                tally.checked += 1
-                if want != d.decision:
-                    tally.mismatches.append(
-                        f"{args.captured}: request {item.request_id} donor {d.donor_id}: "
-                        f"expected {want}, got {d.decision} ({_why(d)})"
-                    )
-                    tally.findings.append(
-                        Finding(
-                            "mismatch",
-                            f"expected {want}, got {d.decision} ({_why(d)})",
-                            item.request_id,
-                            d.donor_id,
-                        )
-                    )
+                if args.expect:
+                    _expect(tally, item.expect, d)
     finally:
         if out_file is not None:
             out_file.close()
@@ -341,6 +348,34 @@ def run(args: argparse.Namespace) -> int:
             )
 
     return _finish(tally, args, ev)
+
+
+def _signer(args: argparse.Namespace) -> SigningKey:
+    """The --signing-key, or a throwaway key when no signed record is written anywhere."""
+    if args.signing_key is not None:
+        return load_signing_key(args.signing_key)
+    if args.out is not None or args.audit is not None or args.format == "jsonl":
+        raise InputError(
+            "--signing-key KEY is needed: --out, --audit and --format jsonl write signed records"
+        )
+    # NOTE: nothing leaves this process signed: the decisions are counted and dropped.
+    return SigningKey.from_private(Ed25519PrivateKey.generate())
+
+
+def _expect(tally: _Tally, expect: Mapping[str, str] | None, d: SignedDecision) -> None:
+    """Compare one decision with its request's expectation (``--expect``)."""
+    want = (expect or {}).get(d.donor_id)
+    if want is None:
+        tally.unexpected += 1
+        tally.cases[-1][2] = True  # NOTE: a warning: no expectation to compare with
+        return
+    tally.checked += 1
+    if want != d.decision:
+        file, line = tally.where
+        why = f"expected {want}, got {d.decision} ({_why(d)})"
+        request_id = str(d.record["request_id"])
+        tally.mismatches.append(f"{file}:{line}: request {request_id} donor {d.donor_id}: {why}")
+        tally.findings.append(Finding("mismatch", why, request_id, d.donor_id, line, file))
 
 
 def _finish(tally: _Tally, args: argparse.Namespace, ev: Evaluator) -> int:

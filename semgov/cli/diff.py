@@ -11,12 +11,14 @@ from typing import IO, Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from semgov import log
+from semgov.cli import diff_report
 from semgov.cli.check import add_limit_flags, limits_from_args
-from semgov.cli.report import CheckReport, Finding, render_github, render_junit, render_sarif
+from semgov.cli.diff_report import FAIL_ON, DiffReport, Located
 from semgov.decide import Evaluator
 from semgov.errors import InputError
-from semgov.intake.capture import MalformedLine, read_captured
+from semgov.intake.capture import MalformedLine, read_captured_at
 from semgov.intake.limits import Limits
+from semgov.policy.cause import Locator
 from semgov.policy.diff import GROUPS, Change, Diff, Row
 from semgov.policy.source import ENGINES, load_policy_source, make_engine
 from semgov.signing.keys import Keyring, SigningKey
@@ -39,10 +41,17 @@ and under B, then lists the changes. --format json gives the same as one documen
 --format jsonl one line per change. Decisions are signed with a throwaway key and
 never written: this command compares, it does not record.
 
-exit status: 0 nothing flipped and no approved spans changed; 1 some decision
-flipped or its approved spans changed (for CI: a policy change that changes serving
-needs a reviewer); 2 bad input (malformed lines are counted and skipped, and
-reported at the end), unreadable policy, keyring or captured file."""
+CI formats (--format sarif|github|junit): changes are grouped by cause, the policy line of B
+each is attributed to (the setting or deny rule of the gate whose result turned, preferring a
+line B changed from A), the gate and the direction; SARIF and GitHub give one result per group
+at that policy line, with its count and a few examples at their captured file and line; JUnit
+one testcase per decision compared. Changes --fail-on names are failures (errors), every other
+change (deny-reason changes always) a warning.
+
+exit status: 0 no change --fail-on names (default any: no decision flipped and no approved
+spans changed); 1 some did (for CI: a policy change that changes serving needs a reviewer;
+--fail-on deny-to-allow blocks only new reuse); 2 bad input (malformed lines are counted and
+skipped, and reported at the end), unreadable policy, keyring or captured file."""
 
 
 def register(sub: Any) -> None:
@@ -83,9 +92,17 @@ def register(sub: Any) -> None:
         "--format",
         choices=("table", "json", "jsonl", "junit", "sarif", "github"),
         default="table",
-        help="stdout format (default: table); junit, sarif and github report each flip and span change "
-        "as a failure (deny-reason changes as warnings) for CI; table and CI formats end with "
+        help="stdout format (default: table); sarif and github report changes grouped by cause (policy "
+        "line, gate, direction), junit one testcase per decision: the changes --fail-on names as "
+        "failures, the rest (deny-reason changes always) as warnings; table and CI formats end with "
         "`N tests, N passed, N warnings, N failures`",
+    )
+    p.add_argument(
+        "--fail-on",
+        choices=tuple(FAIL_ON),
+        default="any",
+        help="which changes fail (exit 1, errors in CI formats): any (default: every flip and "
+        "approved-span change), flip (either direction), deny-to-allow (reuse gained), allow-to-deny",
     )
     p.add_argument(
         "--show",
@@ -120,68 +137,47 @@ def run(args: argparse.Namespace) -> int:
     ev_a, ev_b = _evaluators(args, limits)
     now = parse_rfc3339(args.now, what="--now") if args.now else None
     diff = Diff()
+    policies = {"a": _policy_json(ev_a, args.policy[0]), "b": _policy_json(ev_b, args.policy[1])}
+    report = DiffReport(str(args.captured), policies, args.fail_on)
+    locator = Locator(args.policy[0], args.policy[1], ev_b.policy)
     stdout = sys.stdout
-    for item in read_captured(args.captured, limits=limits):
+    for file, line, item in read_captured_at(args.captured, limits=limits):
         diff.requests += 1
         if isinstance(item, MalformedLine):
             diff.malformed += 1  # NOTE: both policies deny a malformed line's donors alike
-            logger.error(f"{args.captured}:{item.line}: skipped malformed request: {item.reason}")
+            report.malformed.append((file, line, item.reason))
+            logger.error(f"{file}:{line}: skipped malformed request: {item.reason}")
             continue
         task = f"{item.task.id}@{item.task.version}"
         for a, b in zip(ev_a.evaluate(item, now), ev_b.evaluate(item, now), strict=True):
             change = diff.add_pair(a, b, task=task)
-            if change is not None and args.format == "jsonl":
+            report.cases.append((str(a.record["request_id"]), a.donor_id, change))
+            if change is None:
+                continue
+            report.add(change, Located(change, file, line), locator.cause(change))
+            if args.format == "jsonl":
                 stdout.write(json.dumps(change.as_json(), separators=(",", ":")) + "\n")
     if args.format == "table":
         _table(diff, args, ev_a, ev_b, stdout)
-        stdout.write(_ci_report(diff, args, ev_a, ev_b).closing_line() + "\n")
+        stdout.write(report.closing_line() + "\n")
     elif args.format == "json":
         json.dump(_document(diff, args, ev_a, ev_b), stdout, indent=2)
         stdout.write("\n")
     elif args.format in ("junit", "sarif", "github"):
-        stdout.write(_render_ci(_ci_report(diff, args, ev_a, ev_b), args.format))
+        stdout.write(_render_ci(report, args.format))
     stdout.flush()
     if diff.malformed:
         logger.error(f"{diff.malformed} malformed line(s) in {args.captured}")
         return 2
-    return 1 if diff.acted_on else 0
+    return 1 if any(c.kind in FAIL_ON[args.fail_on] for c in diff.changes) else 0
 
 
-def _ci_report(diff: Diff, args: argparse.Namespace, ev_a: Evaluator, ev_b: Evaluator) -> CheckReport:
-    """The diff as a CI report: every decision compared is a test; a flip or a span change fails it,
-    a deny-reason change is a warning; a malformed line is a failure too."""
-    findings = [
-        Finding("spans" if c.kind == "spans" else "flip", _finding_text(c), c.request_id, c.donor_id)
-        for c in diff.changes
-        if c.kind != "reasons"
-    ]
-    findings += [Finding("malformed", "malformed request line", None) for _ in range(diff.malformed)]
-    policies = {"a": _policy_json(ev_a, args.policy[0]), "b": _policy_json(ev_b, args.policy[1])}
-    return CheckReport(
-        str(args.captured),
-        policies,
-        command="semgov diff",
-        decisions=diff.compared,
-        allow=diff.b_allow,
-        warnings=diff.totals.kinds["reasons"],
-        findings=findings,
-    )
-
-
-def _finding_text(c: Change) -> str:
-    gates = "; ".join(f"{g.gate} {g.a}->{g.b}: {g.b_detail or g.a_detail}" for g in c.gates if g.a != g.b)
-    where = f"tenant {c.tenant}, namespace {c.namespace}, task {c.task}"
-    return f"{c.kind}: approved tokens {c.a_tokens} -> {c.b_tokens} ({where})" + (
-        f"; {gates}" if gates else ""
-    )
-
-
-def _render_ci(report: CheckReport, fmt: str) -> str:
+def _render_ci(report: DiffReport, fmt: str) -> str:
     from semgov import __version__
 
     if fmt == "sarif":
-        return render_sarif(report, __version__)
-    return render_junit(report) if fmt == "junit" else render_github(report)
+        return diff_report.render_sarif(report, __version__)
+    return diff_report.render_junit(report) if fmt == "junit" else diff_report.render_github(report)
 
 
 def _policy_json(ev: Evaluator, path: Path) -> dict[str, str]:

@@ -128,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:  # NOTE: the usage of the (sub)command that was given the flag, not the top level's
         getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     from semgov import log
-    from semgov.errors import SemgovError
+    from semgov.errors import PolicyError, SemgovError
 
     quiet = bool(getattr(args, "quiet", False))
     log.configure(args.log_format, quiet=quiet)
@@ -136,7 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _quiet_stdout(quiet):
             rc: int = args.func(args)
     except SemgovError as e:
-        log.get_logger().error(e.diagnostic())
+        # NOTE: an invalid policy: every problem found, not just the first (as `policy check`)
+        for line in e.all_diagnostics() if isinstance(e, PolicyError) else [e.diagnostic()]:
+            log.get_logger().error(line)
         return 2
     except BrokenPipeError:
         return 0

@@ -45,8 +45,9 @@ def register(sub: Any) -> None:
         "each a donor no policy may accept (another tenant, a forged signature, expired, an unaccepted "
         "version, forbidden PII, another task or response contract, similarity 0, no verified span): "
         "an engine that cannot decide one, or allows them all (an unconditional allow), is a problem; "
-        "a probe allowed or passed by its gate is a warning. Prints file:line diagnostics; exit 1 on "
-        "any problem. With --replaces OLD, also warns (exit 0) when the policy does not accept donors "
+        "a probe allowed or passed by its gate is a warning. Prints file:line diagnostics; exit 2 when "
+        "the policy does not load (invalid, as for every command), 1 on a problem of its engine. "
+        "With --replaces OLD, also warns (exit 0) when the policy does not accept donors "
         "produced under OLD's name@version.",
     )
     c.add_argument("directory", type=Path, metavar="DIR")
@@ -142,6 +143,7 @@ def run_check(args: argparse.Namespace) -> int:
             load_policy(d, limits=limits)
         except PolicyError as e:
             problems += e.all_diagnostics()
+    invalid = bool(problems)  # NOTE: a policy that does not load: exit 2, as every command
     warnings: list[str] = []
     if not problems:
         try:
@@ -152,6 +154,7 @@ def run_check(args: argparse.Namespace) -> int:
             problems += [f"{d}: {x}" for x in found]
             warnings += warned
         except PolicyError as e:
+            invalid = True
             problems += e.all_diagnostics()
     if not problems and args.replaces is not None:
         warnings += _rollout_warnings(args, limits)
@@ -161,7 +164,7 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"{d}: warning: {line}")
     kind = "Rego" if modules else "YAML"
     print(f"{d}: {kind} policy, {len(problems)} problem(s), {len(warnings)} warning(s)")
-    return 1 if problems else 0
+    return 2 if invalid else 1 if problems else 0
 
 
 def malformed_cases(d: Path, limits: Limits) -> list[PolicyError]:

@@ -79,16 +79,16 @@ def test_case_file_failure_is_explained(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_policy_check_reports_file_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """policy check prints file:line diagnostics and exits 1; a clean directory exits 0."""
+    """policy check prints file:line diagnostics and exits 2 (invalid policy); a clean directory exits 0."""
     assert main(["policy", "check", str(DEFAULT_POLICY_DIR)]) == 0
     bad = write(tmp_path, MINIMAL + "\nt := time.now_ns()\n")
-    assert main(["policy", "check", str(bad)]) == 1
+    assert main(["policy", "check", str(bad)]) == 2
     out = capsys.readouterr().out
     assert f"{bad / 'policy.rego'}:{MINIMAL.count(chr(10)) + 2}: time.now_ns() is not allowed" in out
     ydir = tmp_path / "y"
     ydir.mkdir()
     (ydir / "policy.yaml").write_text("name: p\nversion: '1'\nsimilarity:\n  minimum: 1\n")
-    assert main(["policy", "check", str(ydir)]) == 1
+    assert main(["policy", "check", str(ydir)]) == 2
     assert "policy.yaml:4: similarity.minimum: unknown key" in capsys.readouterr().out
 
 
@@ -142,7 +142,7 @@ def test_case_document_types_are_exact(
     assert e.source == str(d / "policy_test.yaml") and "case 'coerced'" in e.message, e
     assert main(["policy", "test", str(d)]) == 2
     assert "PASS" not in capsys.readouterr().out
-    assert main(["policy", "check", str(d)]) == 1
+    assert main(["policy", "check", str(d)]) == 2
     assert f"policy_test.yaml:{e.line}: {field}: " in capsys.readouterr().out
 
 
