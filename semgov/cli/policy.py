@@ -122,10 +122,11 @@ def _register_test(ps: Any) -> None:
     )
     t.add_argument(
         "--format",
-        choices=("text", "json", "junit", "sarif", "github"),
-        default="text",
-        help="text (default); json, junit (XML), sarif (2.1.0) or github (workflow annotations with "
-        "file= and line=) for CI. Every format ends with `N tests, N passed, N warnings, N failures`",
+        choices=("table", "text", "json", "junit", "sarif", "github"),
+        default="table",
+        help="table (default; `text` is the same, its old name), as in check and diff; json, junit (XML), "
+        "sarif (2.1.0) or github (workflow annotations with file= and line=) for CI. Every format ends "
+        "with `N tests, N passed, N warnings, N failures`",
     )
     add_limit_flags(t, ("max_policy_bytes",))
     t.set_defaults(func=run_test)
@@ -178,11 +179,15 @@ def malformed_cases(d: Path, limits: Limits) -> list[PolicyError]:
     return problems
 
 
+# NOTE: the human-readable format is `table` in every command; `text` was policy test's old name for it.
+HUMAN = ("table", "text")
+
+
 def _report_malformed(d: Path, problems: list[PolicyError], fmt: str) -> int:
     """Malformed case files: each problem on stderr (text), or as an ERROR test of the CI format
     (a SARIF result, a GitHub annotation at its line); exit 2, no test ran."""
     closing = f"{d}: {len(problems)} problem(s) in its case files; no test ran"
-    if fmt == "text":
+    if fmt in HUMAN:
         for e in problems:
             print(e.diagnostic(), file=sys.stderr)
         print(closing, file=sys.stderr)
@@ -227,7 +232,7 @@ def run_test(args: argparse.Namespace) -> int:
     failed = sum(o.status == "FAIL" for o in outcomes)
     errors = len(outcomes) - passed - failed
     closing = f"{len(outcomes)} tests, {passed} passed, 0 warnings, {failed + errors} failures"
-    if args.format == "text":
+    if args.format in HUMAN:
         for o in outcomes:
             if o.status != "PASS" or args.verbose:
                 msg = f": {o.message}" if o.message else ""
@@ -242,7 +247,7 @@ def run_test(args: argparse.Namespace) -> int:
         print(render_tests(outcomes, args.format, f"semgov policy test {d}", engine.name, closing), end="")
     below: list[str] = []
     if args.coverage or args.threshold is not None:
-        measures = _print_coverage(policy, d, run, outcomes, to_stderr=args.format != "text")
+        measures = _print_coverage(policy, d, run, outcomes, to_stderr=args.format not in HUMAN)
         if args.threshold is not None:
             below = [f"{what} {share:.1%}" for what, share in measures if share * 100 < args.threshold]
     if below:

@@ -260,3 +260,22 @@ def test_case_structure_and_documents_are_checked_in_one_pass(tmp_path: Path) ->
     e = _case_error(d)
     assert "unknown key (did you mean 'base'?)" in e.message and e.line == 1
     assert [o.field for o in e.others] == ["cases.0.expect"]
+
+
+def test_policy_test_names_its_human_format_table_like_check_and_diff(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`policy test --format table` is the default human format; `text`, its old name, prints the same."""
+    from pathlib import Path
+
+    from semgov.cli.main import main
+
+    policy = str(Path(__file__).resolve().parents[2] / "policies" / "default")
+    assert main(["policy", "test", policy, "--format", "table"]) == 0
+    table = capsys.readouterr().out
+    assert main(["policy", "test", policy, "--format", "text"]) == 0
+    text = capsys.readouterr().out
+    assert main(["policy", "test", policy]) == 0
+    default = capsys.readouterr().out
+    strip = lambda out: [ln.split(" (")[0] for ln in out.splitlines()]  # noqa: E731 - timings differ
+    assert strip(table) == strip(text) == strip(default) and table.rstrip().endswith("0 failures")
