@@ -17,6 +17,7 @@ from urllib.parse import quote
 from xml.sax.saxutils import escape, quoteattr
 
 from semgov.policy.cause import Cause
+from semgov.policy.choices import DIFF_FAIL_ON
 from semgov.policy.diff import Change
 
 RULES: dict[str, tuple[str, str]] = {
@@ -38,6 +39,8 @@ FAIL_ON: dict[str, frozenset[str]] = {
     "deny-to-allow": frozenset({"deny->allow"}),
     "allow-to-deny": frozenset({"allow->deny"}),
 }
+# NOTE: the choices `semgov diff --help` offers without importing this module
+assert tuple(FAIL_ON) == DIFF_FAIL_ON
 _VERB = {
     "deny->allow": "flip deny->allow",
     "allow->deny": "flip allow->deny",

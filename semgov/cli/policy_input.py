@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from semgov.errors import InputError
-from semgov.wire.models import CapturedRequest
+
+if TYPE_CHECKING:
+    from semgov.wire.models import CapturedRequest
 
 DESCRIPTION = """\
 Print the policy input document of one captured candidate (request ID, donor ID) as a case of a
@@ -100,7 +102,7 @@ def case_yaml(name: str, doc: dict[str, Any], expect: str, gates: dict[str, str]
 
 def run_input(args: argparse.Namespace) -> int:
     """``semgov policy input``: the case, on stdout."""
-    from semgov.cli.check import limits_from_args
+    from semgov.cli.limit_flags import limits_from_args
     from semgov.facts.compute import FactContext, PreparedPrompt, compute_facts
     from semgov.facts.pii import PiiScanner
     from semgov.policy.checks import checked_result

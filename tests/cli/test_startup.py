@@ -82,3 +82,19 @@ def test_developer_commands_run_but_are_not_listed() -> None:
 def test_command_of_finds_the_command_word(argv: list[str], command: str) -> None:
     """The command is the first word that is neither an option nor --log-format's value."""
     assert command_of(argv) == command
+
+
+LEAVES = [
+    ("check",), ("diff",), ("policy", "test"), ("policy", "check"), ("policy", "eval"), ("policy", "input"),
+    ("audit", "verify"), ("audit", "show"), ("audit", "stats"), ("audit", "report"), ("audit", "prove"),
+    ("audit", "verify-proof"), ("keys", "generate"), ("provenance", "sign"), ("provenance", "verify"),
+    ("gateway", "serve"), ("gateway", "key"), ("verify-decision",), ("bench",), ("calibrate",), ("docs",),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv", LEAVES, ids=" ".join)
+def test_every_commands_help_imports_nothing_heavy(argv: tuple[str, ...]) -> None:
+    """`semgov CMD --help` loads none of numpy, pydantic, structlog, cryptography, YAML, Presidio or
+    regorus: a command's work is imported when it runs (semgov.cli.check_run, diff_run, policy_run)."""
+    heavy = sorted({m.split(".")[0] for m in imported(*argv, "--help") if m.split(".")[0] in HEAVY})
+    assert heavy == []
