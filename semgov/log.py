@@ -87,17 +87,31 @@ def _stderr_logger(*_: Any) -> Any:
     return structlog.PrintLogger(file=sys.stderr)
 
 
-def configure(fmt: str) -> None:
+_quiet = False  # -q/--quiet: only errors are logged
+
+
+def _only_errors(_: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    import structlog
+
+    if method not in ("error", "critical", "exception"):
+        raise structlog.DropEvent
+    return event
+
+
+def configure(fmt: str, *, quiet: bool | None = None) -> None:
     """Configure structlog for the CLI: ``json`` for machine-readable logs, ``text`` for people
-    (applied when the first line is logged)."""
-    global _pending
+    (applied when the first line is logged); ``quiet``: log errors only (None: leave as set)."""
+    global _pending, _quiet
     _pending = fmt
+    if quiet is not None:
+        _quiet = quiet
 
 
 def _apply(fmt: str) -> None:
     import structlog
 
     processors: list[Any] = [
+        *((_only_errors,) if _quiet else ()),
         structlog.contextvars.merge_contextvars,
         _redact,
         structlog.processors.add_log_level,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from html import escape
 
 from semgov.audit.summary import MAX_CROSS_ROWS, MAX_EVENT_ROWS, Row, ScopeRow, Summary
+from semgov.wire.models import GATES
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,9 @@ main{max-width:1180px;margin:0 auto;padding:0 24px 48px}
 h1{font-size:22px;margin:20px 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #d5d9e0}
 table{border-collapse:collapse;width:100%;background:#fff;margin:6px 0}
 th,td{border:1px solid #e1e4ea;padding:4px 8px;text-align:left;vertical-align:top}
-th{background:#eef1f5;font-weight:600}td{overflow-wrap:anywhere}td.n{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#eef1f5;font-weight:600;white-space:nowrap}td{white-space:nowrap}
+td.n{text-align:right;font-variant-numeric:tabular-nums}td.w{white-space:normal;overflow-wrap:anywhere;min-width:16em}
+.scroll{overflow-x:auto}
 tr.sub td{background:#f3f5f8;font-weight:600}tr.total td{background:#e6eaf0;font-weight:700}
 .muted{color:#5b6575}.kpis{display:flex;gap:12px;flex-wrap:wrap;margin:12px 0}
 .kpi{background:#fff;border:1px solid #e1e4ea;padding:8px 14px;min-width:120px}
@@ -52,11 +55,23 @@ SCRIPT = """
       tr.hidden=!hit; if(hit&&q)shown++;
     });
     var out=document.getElementById('qn');
-    out.textContent=q?(shown+' listed row(s) match; a record not listed here: '
-      +'semgov audit show DIR --request ID or --decision-id ID'):'';
+    out.textContent=!q?'':shown?(shown+' listed row(s) match; a record not listed here: '
+      +'semgov audit show DIR --request ID or --decision-id ID'):('No listed row matches. The tables '
+      +'list only the most recent decisions and notable events: for any record use '
+      +'semgov audit show DIR --request ID or --decision-id ID');
     out.setAttribute('data-k','search:matches'); out.setAttribute('data-v',String(shown));
   }
   box.addEventListener('input',apply);
+  // How many table cells break over more than one line at this window size (a layout check the
+  // tests read back; 0 on a 1,400-px window).
+  var wrapped=0;
+  document.querySelectorAll('td:not(.w),th').forEach(function(c){
+    var r=document.createRange(); r.selectNodeContents(c);
+    var tops={}, n=0, rects=r.getClientRects();
+    for(var i=0;i<rects.length;i++){var t=Math.round(rects[i].top); if(!tops[t]){tops[t]=1;n++;}}
+    if(n>1)wrapped++;
+  });
+  document.body.setAttribute('data-wrapped-cells',String(wrapped));
   var m=location.hash.match(/^#q=(.*)$/); if(m){box.value=decodeURIComponent(m[1]);apply();}
 })();
 """
@@ -71,8 +86,10 @@ def _t(text: str) -> str:
 
 
 def _table(head: Sequence[str], rows: Iterable[str]) -> str:
+    """A table that scrolls sideways when too wide: cells never break inside a word or number."""
     cols = "".join(f"<th>{escape(h)}</th>" for h in head)
-    return f"<table><thead><tr>{cols}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    body = "".join(rows)
+    return f'<div class="scroll"><table><thead><tr>{cols}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def _ids(row: Row) -> str:
@@ -84,7 +101,7 @@ def _row_tr(row: Row, extra: str = "") -> str:
         f'<tr id="r{row.index}" data-ids="{_ids(row)}"><td class="n">{row.index}</td>'
         f"{_t(row.at)}{_t(row.kind)}"
         f"{_t(row.tenant)}{_t(row.namespace)}{_t(row.request_id)}<td><code>{escape(row.decision_id)}</code></td>"
-        f"{_t(row.donor_id)}{extra}{_t(row.detail)}</tr>"
+        f'{_t(row.donor_id)}{extra}<td class="w">{escape(row.detail)}</td></tr>'
     )
 
 
@@ -130,7 +147,9 @@ def _timeline(s: Summary) -> str:
 
 
 def _gates(s: Summary) -> str:
-    gates = sorted({g for g, _ in s.deny_gates})
+    present = {g for g, _ in s.deny_gates}
+    # NOTE: the gates in decision order, as the CLI lists them; a name no gate has (an old log) last
+    gates = [g for g in GATES if g in present] + sorted(present - set(GATES))
     top = max(s.deny_gates.values(), default=1)
     rows = []
     for g in gates:
@@ -264,6 +283,30 @@ def _kpis(s: Summary, title_scope: str) -> str:
     return f'<p class="muted">{escape(title_scope)}; {period}</p><div class="kpis">{cells}</div>'
 
 
+GLOSSARY = (
+    ("record", "one line of the log: a signed decision record, shadow decision record or engine event"),
+    ("seal", "the writer's signature over the Merkle tree root after a batch of records, written "
+     "into the log with the batch; only a holder of the writer's key can make one, so records "
+     "after the last valid seal were never acknowledged"),
+    ("checkpoint", "a signed note (C2SP signed-note format) naming the log's origin, its size and "
+     "its tree root; the latest is the file checkpoint, older ones are kept in checkpoints/"),
+    ("anchored", "covered by a seal or checkpoint signed by a trusted key: removing or changing an "
+     "anchored record breaks a signature; records past the last anchor are not yet protected"),
+    ("consistency proof", "the hashes that show an earlier checkpoint's tree is a prefix of the "
+     "latest one (nothing was rewritten in between); an N-hash proof has N such hashes, and a "
+     "checkpoint of the same size needs none"),
+    ("cross-boundary allow", "an allowed reuse whose donor belonged to another tenant or namespace "
+     "(a sharing rule of the policy, or a defect)"),
+    ("shadow decision", "the decision a candidate policy would have made, recorded beside the live "
+     "one and never acted on"),
+    ("prefill tokens saved", "tokens whose K/V was copied from a donor instead of computed"),
+)  # fmt: skip
+
+
+def _glossary() -> str:
+    return "<dl>" + "".join(f"<dt><b>{escape(t)}</b></dt><dd>{escape(d)}</dd>" for t, d in GLOSSARY) + "</dl>"
+
+
 def render(s: Summary, verdict: Verdict, *, title_scope: str, generated_at: str) -> str:
     """The whole page."""
     notes = [*verdict.details]
@@ -280,6 +323,7 @@ def render(s: Summary, verdict: Verdict, *, title_scope: str, generated_at: str)
         ("Policy revisions in force", _policies(s)),
         ("Engine events", _events(s)),
         (f"Most recent decisions ({len(s.recent)})", recent),
+        ("Terms", _glossary()),
     ]
     body = "".join(f"<h2>{escape(h)}</h2>{html}" for h, html in sections)
     return (

@@ -323,7 +323,11 @@ class LogChecks:
                 )
             elif n is not None:
                 self.history.append(n)
-        rep.checkpoints_checked = len(self.history) + (latest is not None)
+        # NOTE: the latest checkpoint is also kept as checkpoints/<size>.note: count it once.
+        kept_too = self.latest is not None and any(
+            n.cp == self.latest.cp and n.signers == self.latest.signers for n in self.history
+        )
+        rep.checkpoints_checked = len(self.history) + (latest is not None and not kept_too)
         if kept is not None and self.ring is None:
             rep.problems.append(
                 Problem(None, "a kept checkpoint can only be checked with --pubkey or --keyring")
@@ -492,9 +496,14 @@ class LogChecks:
             try:
                 proof = consistency_proof(kept.cp.size, latest.size, self.hashes)
                 verify_consistency(kept.cp.size, latest.size, kept.cp.root, latest.root, proof)
+                how = (
+                    f"a consistency proof of {len(proof)} hashes verified"
+                    if proof
+                    else "the same tree (nothing to prove)"
+                )
                 rep.notes.append(
                     f"kept checkpoint (size {kept.cp.size}) is consistent with the latest "
-                    f"(size {latest.size}): {len(proof)}-hash proof verified"
+                    f"(size {latest.size}): {how}"
                 )
             except ProofError as e:
                 rep.problems.append(Problem(None, f"kept checkpoint is not consistent with the latest: {e}"))

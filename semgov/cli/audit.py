@@ -28,6 +28,7 @@ from semgov.audit.query import (
 )
 from semgov.audit.reader import decoded_records
 from semgov.audit.recovery_record import RECOVERY_KIND, RECOVERY_SCHEMA
+from semgov.cli.audit_json import groups_doc, stats_doc
 from semgov.cli.audit_report import add_key_options, register_report, verify_from_args
 from semgov.errors import InputError
 from semgov.wire.names import ENGINE_EVENT_KINDS, ENGINE_EVENT_SCHEMAS, GATE_NAMES, SHADOW_DECISION_SCHEMA
@@ -149,6 +150,13 @@ def _register_stats(a: Any) -> None:
         "per namespace under each tenant, with a subtotal per tenant; policy: allows, denies and the first "
         "and last evaluated_at per policy (name@version (engine)) and revision; gate: per gate, fails, "
         "errors and the denies where it was the only gate that did not pass. Each ends with a total row",
+    )
+    st.add_argument(
+        "--format",
+        choices=("table", "json"),
+        default="table",
+        help="table (default): the tables above; json: one JSON object with the same counts "
+        "(audit/README.md)",
     )
     st.set_defaults(func=run_stats)
 
@@ -488,12 +496,25 @@ def run_stats(args: argparse.Namespace) -> int:
     records = (r for _, r in select(decoded_records(args.directory), _filter(args)))
     if args.by in PERIODS:
         st = tally(records, period=args.by)
+        if args.format == "json":
+            doc = {
+                **stats_doc(st),
+                "by": args.by,
+                "over_time": {p: dict(c) for p, c in sorted(st.by_period.items())},
+            }
+            sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+            return 0
         sys.stdout.write(_head(st) + _time_tables(st, args.by))
         return 0
     st, groups = Stats(), Groups()
     for r in records:
         st.add(r, "day")
         groups.add(r)
+    if args.format == "json":
+        doc = {**stats_doc(st), "by": args.by, "groups": groups_doc(groups, args.by),
+               "not_grouped": dict(groups.skipped)}  # fmt: skip
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        return 0
     text = _head(st) + "\n" + _GROUPED[args.by](groups)
     words = (("shadow", "shadow decision"), ("event", "engine event"))
     skipped = [_n(groups.skipped[k], w) for k, w in words if groups.skipped[k]]

@@ -13,16 +13,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from semgov import Keyring
 from semgov.cli.bench import MODEL_CHOICES, MODEL_EXTRA_HINT, MODEL_HELP, positive
 from semgov.errors import InputError, PolicyError
-from semgov.policy.calibration import aggregate, overlay_rego, overlay_yaml, plan_settings, table
-from semgov.policy.files import skipped_name
-from semgov.policy.rego.loader import load_rego_policy
-from semgov.policy.yaml.model import POLICY_FILE, load_policy
 
 
 def _methods(text: str) -> list[str]:
+    from semgov.policy.calibration import plan_settings
+
     """``--methods``: realizations a policy can plan, comma-separated, in order of preference."""
     out = [m.strip() for m in text.split(",") if m.strip()]
     if not out:
@@ -140,6 +137,11 @@ def _harness() -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from semgov import Keyring
+    from semgov.policy.calibration import aggregate, overlay_yaml, table
+    from semgov.policy.rego.loader import load_rego_policy
+    from semgov.policy.yaml.model import POLICY_FILE, load_policy
+
     policy = load_policy(args.policy)
     base_file = args.policy / POLICY_FILE if args.policy.is_dir() else args.policy
     rego = load_rego_policy(args.rego) if args.rego is not None else None
@@ -200,6 +202,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_rego(src: Path, dst: Path, results: Any) -> None:
+    from semgov.policy.calibration import overlay_rego
+    from semgov.policy.files import skipped_name
+    from semgov.policy.rego.loader import load_rego_policy
+
     dst.mkdir(parents=True, exist_ok=True)
     files = [f for f in sorted(src.glob("*.rego")) if not skipped_name(f.name)]
     holder = [

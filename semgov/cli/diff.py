@@ -3,26 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-from semgov import log
-from semgov.cli.check import add_limit_flags, limits_from_args
-from semgov.cli.report import CheckReport, Finding, render_github, render_junit, render_sarif
-from semgov.decide import Evaluator
-from semgov.errors import InputError
-from semgov.intake.capture import MalformedLine, read_captured
-from semgov.intake.limits import Limits
-from semgov.policy.diff import GROUPS, Change, Diff, Row
-from semgov.policy.source import ENGINES, load_policy_source, make_engine
-from semgov.signing.keys import Keyring, SigningKey
-from semgov.wire.timefmt import parse_rfc3339
-
-DIFF_SCHEMA = "semgov.policy_diff/v1"
+from semgov.cli.limit_flags import add_limit_flags
+from semgov.policy.choices import DIFF_FAIL_ON, ENGINES
 
 DESCRIPTION = """\
 Decide every donor candidate of every captured request (JSON Lines, '.gz' ok, '-'
@@ -39,10 +24,17 @@ and under B, then lists the changes. --format json gives the same as one documen
 --format jsonl one line per change. Decisions are signed with a throwaway key and
 never written: this command compares, it does not record.
 
-exit status: 0 nothing flipped and no approved spans changed; 1 some decision
-flipped or its approved spans changed (for CI: a policy change that changes serving
-needs a reviewer); 2 bad input (malformed lines are counted and skipped, and
-reported at the end), unreadable policy, keyring or captured file."""
+CI formats (--format sarif|github|junit): changes are grouped by cause, the policy line of B
+each is attributed to (the setting or deny rule of the gate whose result turned, preferring a
+line B changed from A), the gate and the direction; SARIF and GitHub give one result per group
+at that policy line, with its count and a few examples at their captured file and line; JUnit
+one testcase per decision compared. Changes --fail-on names are failures (errors), every other
+change (deny-reason changes always) a warning.
+
+exit status: 0 no change --fail-on names (default any: no decision flipped and no approved
+spans changed); 1 some did (for CI: a policy change that changes serving needs a reviewer;
+--fail-on deny-to-allow blocks only new reuse); 2 bad input (malformed lines are counted and
+skipped, and reported at the end), unreadable policy, keyring or captured file."""
 
 
 def register(sub: Any) -> None:
@@ -83,9 +75,17 @@ def register(sub: Any) -> None:
         "--format",
         choices=("table", "json", "jsonl", "junit", "sarif", "github"),
         default="table",
-        help="stdout format (default: table); junit, sarif and github report each flip and span change "
-        "as a failure (deny-reason changes as warnings) for CI; table and CI formats end with "
+        help="stdout format (default: table); sarif and github report changes grouped by cause (policy "
+        "line, gate, direction), junit one testcase per decision: the changes --fail-on names as "
+        "failures, the rest (deny-reason changes always) as warnings; table and CI formats end with "
         "`N tests, N passed, N warnings, N failures`",
+    )
+    p.add_argument(
+        "--fail-on",
+        choices=DIFF_FAIL_ON,
+        default="any",
+        help="which changes fail (exit 1, errors in CI formats): any (default: every flip and "
+        "approved-span change), flip (either direction), deny-to-allow (reuse gained), allow-to-deny",
     )
     p.add_argument(
         "--show",
@@ -99,158 +99,8 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _evaluators(args: argparse.Namespace, limits: Limits) -> tuple[Evaluator, Evaluator]:
-    if len(args.policy) != 2:
-        raise InputError(f"give --policy exactly twice (A, then B), not {len(args.policy)} time(s)")
-    keyring = Keyring.load(args.trust)
-    # NOTE: a throwaway key: these decisions are compared and dropped, never written or trusted.
-    key = SigningKey.from_private(Ed25519PrivateKey.generate())
-    out = []
-    for path in args.policy:
-        policy = load_policy_source(path, limits=limits)
-        out.append(Evaluator(policy, keyring, key, engine=make_engine(policy, args.engine), limits=limits))
-    return out[0], out[1]
-
-
 def run(args: argparse.Namespace) -> int:
-    logger = log.get_logger()
-    if args.show < 0:
-        raise InputError(f"--show must be 0 or more, not {args.show}")
-    limits = limits_from_args(args)
-    ev_a, ev_b = _evaluators(args, limits)
-    now = parse_rfc3339(args.now, what="--now") if args.now else None
-    diff = Diff()
-    stdout = sys.stdout
-    for item in read_captured(args.captured, limits=limits):
-        diff.requests += 1
-        if isinstance(item, MalformedLine):
-            diff.malformed += 1  # NOTE: both policies deny a malformed line's donors alike
-            logger.error(f"{args.captured}:{item.line}: skipped malformed request: {item.reason}")
-            continue
-        task = f"{item.task.id}@{item.task.version}"
-        for a, b in zip(ev_a.evaluate(item, now), ev_b.evaluate(item, now), strict=True):
-            change = diff.add_pair(a, b, task=task)
-            if change is not None and args.format == "jsonl":
-                stdout.write(json.dumps(change.as_json(), separators=(",", ":")) + "\n")
-    if args.format == "table":
-        _table(diff, args, ev_a, ev_b, stdout)
-        stdout.write(_ci_report(diff, args, ev_a, ev_b).closing_line() + "\n")
-    elif args.format == "json":
-        json.dump(_document(diff, args, ev_a, ev_b), stdout, indent=2)
-        stdout.write("\n")
-    elif args.format in ("junit", "sarif", "github"):
-        stdout.write(_render_ci(_ci_report(diff, args, ev_a, ev_b), args.format))
-    stdout.flush()
-    if diff.malformed:
-        logger.error(f"{diff.malformed} malformed line(s) in {args.captured}")
-        return 2
-    return 1 if diff.acted_on else 0
+    """Compare (the work is in :mod:`semgov.cli.diff_run`, imported here)."""
+    from semgov.cli.diff_run import run as run_diff
 
-
-def _ci_report(diff: Diff, args: argparse.Namespace, ev_a: Evaluator, ev_b: Evaluator) -> CheckReport:
-    """The diff as a CI report: every decision compared is a test; a flip or a span change fails it,
-    a deny-reason change is a warning; a malformed line is a failure too."""
-    findings = [
-        Finding("spans" if c.kind == "spans" else "flip", _finding_text(c), c.request_id, c.donor_id)
-        for c in diff.changes
-        if c.kind != "reasons"
-    ]
-    findings += [Finding("malformed", "malformed request line", None) for _ in range(diff.malformed)]
-    policies = {"a": _policy_json(ev_a, args.policy[0]), "b": _policy_json(ev_b, args.policy[1])}
-    return CheckReport(
-        str(args.captured),
-        policies,
-        command="semgov diff",
-        decisions=diff.compared,
-        allow=diff.b_allow,
-        warnings=diff.totals.kinds["reasons"],
-        findings=findings,
-    )
-
-
-def _finding_text(c: Change) -> str:
-    gates = "; ".join(f"{g.gate} {g.a}->{g.b}: {g.b_detail or g.a_detail}" for g in c.gates if g.a != g.b)
-    where = f"tenant {c.tenant}, namespace {c.namespace}, task {c.task}"
-    return f"{c.kind}: approved tokens {c.a_tokens} -> {c.b_tokens} ({where})" + (
-        f"; {gates}" if gates else ""
-    )
-
-
-def _render_ci(report: CheckReport, fmt: str) -> str:
-    from semgov import __version__
-
-    if fmt == "sarif":
-        return render_sarif(report, __version__)
-    return render_junit(report) if fmt == "junit" else render_github(report)
-
-
-def _policy_json(ev: Evaluator, path: Path) -> dict[str, str]:
-    p = ev.policy
-    return {
-        "path": str(path),
-        "name": p.name,
-        "version": p.version,
-        "revision": p.revision,
-        "engine": ev.engine.name,
-    }
-
-
-def _document(diff: Diff, args: argparse.Namespace, ev_a: Evaluator, ev_b: Evaluator) -> dict[str, Any]:
-    return {
-        "schema": DIFF_SCHEMA,
-        "captured": str(args.captured),
-        "policies": {"a": _policy_json(ev_a, args.policy[0]), "b": _policy_json(ev_b, args.policy[1])},
-        "summary": diff.summary_json(),
-        "by": diff.groups_json(),
-        "changes": [c.as_json() for c in diff.changes],
-    }
-
-
-def _table(diff: Diff, args: argparse.Namespace, ev_a: Evaluator, ev_b: Evaluator, out: IO[str]) -> None:
-    w = out.write
-    w(f"semgov diff {args.captured}\n")
-    for name, ev, path in (("A", ev_a, args.policy[0]), ("B", ev_b, args.policy[1])):
-        p = ev.policy
-        w(f"{name}  {p.name}@{p.version} ({p.revision[:19]}..., engine {ev.engine.name})  {path}\n")
-    k = diff.totals.kinds
-    w(f"requests {diff.requests} ({diff.malformed} malformed); decisions compared {diff.compared}\n")
-    w(f"allow: A {diff.a_allow}, B {diff.b_allow}\n")
-    w(
-        f"flipped {diff.flipped} decision(s): allow->deny {k['allow->deny']}, "
-        f"deny->allow {k['deny->allow']}; "
-        f"approved spans changed (both allow) {k['spans']}; deny reasons changed (both deny) {k['reasons']}; "
-        f"unchanged {diff.compared - sum(k.values())}\n"
-    )
-    for group in GROUPS:
-        rows = {n: r for n, r in diff.groups[group].items() if r.acted_on}
-        if rows:
-            _group(group, rows, w, args.show)
-    listed = [c for c in diff.changes if c.kind != "reasons"]
-    if args.show and listed:
-        w(f"\nchanges ({min(args.show, len(listed))} of {len(listed)}; --format jsonl lists all):\n")
-        for c in listed[: args.show]:
-            w(_change_line(c))
-
-
-def _group(group: str, rows: dict[str, Row], w: Any, show: int) -> None:
-    """One group's table, most changes first, at most ``show`` rows (all when 0)."""
-    ranked = sorted(rows.items(), key=lambda kv: (-kv[1].acted_on, kv[0]))
-    kept = ranked[:show] if show else ranked
-    what = " (every gate whose result changed)" if group == "gate" else ""
-    w(f"\nby {group}{what}:\n")
-    width = max(12, *(len(n) for n, _ in kept)) + 2
-    w(f"  {group:<{width}}{'a->d':>7}{'d->a':>7}{'spans':>7}{'tokens A':>10}{'tokens B':>10}\n")
-    for name, r in kept:
-        kk = r.kinds
-        w(f"  {name:<{width}}{kk['allow->deny']:>7}{kk['deny->allow']:>7}{kk['spans']:>7}")
-        w(f"{r.a_tokens:>10}{r.b_tokens:>10}\n")
-    if len(kept) < len(ranked):
-        w(f"  ... {len(ranked) - len(kept)} more {group}s (--show, or --format json for all)\n")
-
-
-def _change_line(c: Change) -> str:
-    gates = "; ".join(f"{g.gate} {g.a}->{g.b}: {g.b_detail or g.a_detail}" for g in c.gates if g.a != g.b)
-    return (
-        f"  {c.kind:<12}{c.request_id}/{c.donor_id}  {c.tenant} {c.namespace} {c.task}  "
-        f"tokens {c.a_tokens}->{c.b_tokens}" + (f"  {gates}" if gates else "") + "\n"
-    )
+    return run_diff(args)

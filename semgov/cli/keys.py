@@ -6,8 +6,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from semgov.signing.keys import generate_keypair, key_id_for, load_signing_key
-
 
 def register(sub: Any) -> None:
     p = sub.add_parser("keys", help="manage Ed25519 signing keys", description="Manage Ed25519 signing keys.")
@@ -24,6 +22,8 @@ def register(sub: Any) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    from semgov.signing.keys import generate_keypair, key_id_for, load_signing_key
+
     priv, pub = generate_keypair(args.out, overwrite=args.force)
     kid = key_id_for(load_signing_key(priv).public_key)
     print(f"wrote {priv} (private, mode 0600)")

@@ -10,9 +10,11 @@ command's own module registers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from semgov import __version__
 
@@ -32,14 +34,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "semgov.cli.calibrate",
         "measure reuse's answer regressions on captured traffic; write the policy that stays in budget",
     ),
+    "docs": ("semgov.cli.docs", "read the documentation offline (topics: semgov docs)"),
 }
+
+# NOTE: developers' commands (CI checks schemas/ against the models): they run, but `semgov --help`
+# does not list them (registered without a help line, argparse lists no choice for them).
+HIDDEN = frozenset({"schema"})
 
 EPILOG = """\
 exit status: 0 success; 1 decisions differ from expectations or were made by errors alone
 (check), a policy change flips decisions (diff) or a signature failed;
 2 bad input (malformed lines, unreadable files, invalid policy or usage);
 3 `audit verify` without a key (UNVERIFIED: pass --pubkey, --keyring or --structure-only).
-Docs: README.md, docs/policy.md, docs/rego.md, docs/formats.md."""
+Docs, offline: `semgov docs` lists the topics, `semgov docs policy` prints one."""
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -63,9 +70,42 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     for name, (module, help_text) in COMMANDS.items():
         if only is None or name == only:
             importlib.import_module(module).register(sub)
+            _remember_parsers(sub.choices[name])
+        elif name in HIDDEN:
+            sub.add_parser(name)
         else:
             sub.add_parser(name, help=help_text)
     return p
+
+
+QUIET_HELP = (
+    "print nothing on stdout and log errors only; the exit status says the outcome (files named by "
+    "--out are still written)"
+)
+
+
+def _remember_parsers(parser: argparse.ArgumentParser) -> None:
+    """Give every (sub)parser under ``parser`` a default naming itself, so an unrecognized flag is
+    reported with the usage of the command that got it (the deepest parser's default wins), and
+    every command ``-q/--quiet``."""
+    parser.set_defaults(_parser=parser)
+    children = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not children and "--quiet" not in parser._option_string_actions:
+        flags = ("-q", "--quiet") if "-q" not in parser._option_string_actions else ("--quiet",)
+        parser.add_argument(*flags, action="store_true", help=QUIET_HELP)
+    for action in children:
+        for child in action.choices.values():
+            _remember_parsers(child)
+
+
+@contextlib.contextmanager
+def _quiet_stdout(quiet: bool) -> Iterator[None]:
+    """stdout to nowhere while a ``--quiet`` command runs."""
+    if not quiet:
+        yield
+        return
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+        yield
 
 
 def command_of(argv: Sequence[str]) -> str:
@@ -84,15 +124,21 @@ def command_of(argv: Sequence[str]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(only=command_of(args_in))
-    args = parser.parse_args(args_in)
+    args, extra = parser.parse_known_args(args_in)
+    if extra:  # NOTE: the usage of the (sub)command that was given the flag, not the top level's
+        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     from semgov import log
-    from semgov.errors import SemgovError
+    from semgov.errors import PolicyError, SemgovError
 
-    log.configure(args.log_format)
+    quiet = bool(getattr(args, "quiet", False))
+    log.configure(args.log_format, quiet=quiet)
     try:
-        rc: int = args.func(args)
+        with _quiet_stdout(quiet):
+            rc: int = args.func(args)
     except SemgovError as e:
-        log.get_logger().error(e.diagnostic())
+        # NOTE: an invalid policy: every problem found, not just the first (as `policy check`)
+        for line in e.all_diagnostics() if isinstance(e, PolicyError) else [e.diagnostic()]:
+            log.get_logger().error(line)
         return 2
     except BrokenPipeError:
         return 0

@@ -1,22 +1,14 @@
-"""``semgov policy check`` (lint) and ``semgov policy test`` (unit tests)."""
+"""``semgov policy check`` (lint), ``semgov policy test`` (unit tests), ``semgov policy eval`` and
+``semgov policy input`` (a captured candidate as a test case, semgov.cli.policy_input)."""
 
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 from typing import Any
 
-from semgov.cli.check import add_limit_flags, limits_from_args
-from semgov.cli.report import render_tests
-from semgov.errors import PolicyError
-from semgov.intake.limits import Limits
-from semgov.policy.probes import probe_findings
-from semgov.policy.rego.loader import RegoPolicy, lint, rego_files
-from semgov.policy.rollout import replacement
-from semgov.policy.source import ENGINES, load_policy_source, make_engine
-from semgov.policy.testing import TestOutcome, case_files, run_case_file, run_rego_tests
-from semgov.policy.yaml.model import POLICY_FILE, load_policy
+from semgov.cli.limit_flags import add_limit_flags
+from semgov.policy.choices import ENGINES
 
 TEST_HELP = """\
 Run a policy directory's unit tests and report each as PASS, FAIL or ERROR:
@@ -25,8 +17,8 @@ Run a policy directory's unit tests and report each as PASS, FAIL or ERROR:
 - YAML case files: `*_test.yaml` files of policy input documents with the
   expected decision (and optionally gate outcomes), run through the directory's
   policy and engine. See docs/rego.md for both formats.
-Exit status: 0 all passed, 1 a test failed or errored, 2 nothing to run or the
-policy does not load."""
+Exit status: 0 all passed, 1 a test failed or errored, 2 nothing to run, the
+policy does not load or a case file is malformed (every problem is listed)."""
 
 
 def register(sub: Any) -> None:
@@ -43,8 +35,9 @@ def register(sub: Any) -> None:
         "each a donor no policy may accept (another tenant, a forged signature, expired, an unaccepted "
         "version, forbidden PII, another task or response contract, similarity 0, no verified span): "
         "an engine that cannot decide one, or allows them all (an unconditional allow), is a problem; "
-        "a probe allowed or passed by its gate is a warning. Prints file:line diagnostics; exit 1 on "
-        "any problem. With --replaces OLD, also warns (exit 0) when the policy does not accept donors "
+        "a probe allowed or passed by its gate is a warning. Prints file:line diagnostics; exit 2 when "
+        "the policy does not load (invalid, as for every command), 1 on a problem of its engine. "
+        "With --replaces OLD, also warns (exit 0) when the policy does not accept donors "
         "produced under OLD's name@version.",
     )
     c.add_argument("directory", type=Path, metavar="DIR")
@@ -57,6 +50,29 @@ def register(sub: Any) -> None:
     )
     add_limit_flags(c, ("max_policy_bytes",))
     c.set_defaults(func=run_check)
+    _register_test(ps)
+    e = ps.add_parser(
+        "eval",
+        help="decide one policy input document (like `opa eval`)",
+        description="Decide one policy input document (schemas/policy_input.schema.json, strict JSON) "
+        "with the policy's engine and semgov's own checks of its answer (an approved span token "
+        "verification did not find is an error). Prints the gates, the decision and the approved "
+        "spans as JSON; exit 0 whatever the decision, 2 on bad input.",
+    )
+    e.add_argument("directory", type=Path, metavar="DIR", help="policy directory (YAML or Rego)")
+    e.add_argument("--input", required=True, metavar="FILE", help="the input document (JSON; - for stdin)")
+    e.add_argument(
+        "--engine", choices=ENGINES, default="auto", help="policy engine (default: the policy's own)"
+    )
+    add_limit_flags(e)
+    e.set_defaults(func=run_eval)
+    from semgov.cli import policy_input
+
+    policy_input.register(ps, add_limit_flags)
+
+
+def _register_test(ps: Any) -> None:
+    """``semgov policy test`` and its flags."""
     t = ps.add_parser(
         "test", help="run a policy directory's unit tests", description=TEST_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -74,8 +90,18 @@ def register(sub: Any) -> None:
         "--coverage",
         action="store_true",
         help="after the tests: per gate, how many cases saw it pass, fail and error (a gate no case "
-        "fails is named); for a Rego policy also the lines of each module the Rego tests evaluated and "
-        "those they never reached (measured by regorus)",
+        "fails is named); each rule of the policy (public-donor scope, sharing rule, task group, "
+        "forbidden PII entity, YAML quality rule) with its line and the cases that exercised it, and the "
+        "share of gate outcomes and rules exercised; for a Rego policy also the lines of each module "
+        "the Rego tests evaluated and those they never reached (measured by regorus)",
+    )
+    t.add_argument(
+        "--threshold",
+        type=float,
+        metavar="PCT",
+        help="with --coverage (implied): exit 1 when the share of gate outcomes and policy rules the "
+        "cases exercised, or for a Rego policy the share of its modules' lines the Rego tests reached, "
+        "is below PCT percent (as `opa test --threshold`)",
     )
     t.add_argument(
         "--explain",
@@ -86,197 +112,29 @@ def register(sub: Any) -> None:
     )
     t.add_argument(
         "--format",
-        choices=("text", "json", "junit", "github"),
-        default="text",
-        help="text (default); json, junit (XML) or github (workflow annotations) for CI. Every format "
-        "ends with `N tests, N passed, N warnings, N failures`",
+        choices=("table", "text", "json", "junit", "sarif", "github"),
+        default="table",
+        help="table (default; `text` is the same, its old name), as in check and diff; json, junit (XML), "
+        "sarif (2.1.0) or github (workflow annotations with file= and line=) for CI. Every format ends "
+        "with `N tests, N passed, N warnings, N failures`",
     )
     add_limit_flags(t, ("max_policy_bytes",))
     t.set_defaults(func=run_test)
-    e = ps.add_parser(
-        "eval",
-        help="decide one policy input document (like `opa eval`)",
-        description="Decide one policy input document (schemas/policy_input.schema.json, strict JSON) "
-        "with the policy's engine and semgov's own checks of its answer (an approved span token "
-        "verification did not find is an error). Prints the gates, the decision and the approved "
-        "spans as JSON; exit 0 whatever the decision, 2 on bad input.",
-    )
-    e.add_argument("directory", type=Path, metavar="DIR", help="policy directory (YAML or Rego)")
-    e.add_argument("--input", required=True, metavar="FILE", help="the input document (JSON; - for stdin)")
-    e.add_argument(
-        "--engine", choices=ENGINES, default="auto", help="policy engine (default: the policy's own)"
-    )
-    add_limit_flags(e)
-    e.set_defaults(func=run_eval)
 
 
 def run_check(args: argparse.Namespace) -> int:
-    d: Path = args.directory
-    limits = limits_from_args(args)
-    problems: list[str] = []
-    modules, _ = rego_files(d, limits=limits) if d.is_dir() else ({}, {})
-    if modules:
-        problems += [str(x) for x in lint(d, limits=limits)]
-    else:
-        try:
-            load_policy(d, limits=limits)
-        except PolicyError as e:
-            problems += e.all_diagnostics()
-    warnings: list[str] = []
-    if not problems:
-        try:
-            policy = load_policy_source(d, limits=limits)
-            engine = make_engine(policy)
-            for f in case_files(d):
-                run_case_file(f, engine, run=re.compile(r"(?!)"))  # structure only, runs nothing
-            found, warned = probe_findings(engine, f"{policy.name}@{policy.version}")
-            problems += [f"{d}: {x}" for x in found]
-            warnings += warned
-        except PolicyError as e:
-            problems += e.all_diagnostics()
-    if not problems and args.replaces is not None:
-        warnings += _rollout_warnings(args, limits)
-    for line in problems:
-        print(line)
-    for line in warnings:
-        print(f"{d}: warning: {line}")
-    kind = "Rego" if modules else "YAML"
-    print(f"{d}: {kind} policy, {len(problems)} problem(s), {len(warnings)} warning(s)")
-    return 1 if problems else 0
+    from semgov.cli.policy_run import run_check as impl
 
-
-def _rollout_warnings(args: argparse.Namespace, limits: Limits) -> list[str]:
-    """What replacing ``--replaces`` by the checked policy does to live donors (docs/policy.md)."""
-    new = load_policy_source(args.directory, limits=limits)
-    old = load_policy_source(args.replaces, limits=limits)
-    warning = replacement(old, new, make_engine(new)).warning()
-    return [warning] if warning is not None else []
+    return impl(args)
 
 
 def run_test(args: argparse.Namespace) -> int:
-    d: Path = args.directory
-    run = re.compile(args.run) if args.run else None
-    policy = load_policy_source(d, limits=limits_from_args(args))
-    outcomes: list[TestOutcome] = []
-    if isinstance(policy, RegoPolicy):
-        rego_engine = "opa-inprocess" if args.engine == "opa-inprocess" else "regorus"
-        outcomes += run_rego_tests(d, run=run, engine=rego_engine, explain=args.explain)
-    engine = make_engine(policy, args.engine)
-    explain = _case_explainer(policy, d) if args.explain else None
-    for f in case_files(d) if d.is_dir() else []:
-        outcomes += run_case_file(f, engine, run=run, explain=explain)
-    if not outcomes:
-        where = "*_test.rego or *_test.yaml" if d.is_dir() else POLICY_FILE
-        print(f"{d}: no tests found ({where}){' matching --run' if run else ''}")
-        return 2
-    passed = sum(o.status == "PASS" for o in outcomes)
-    failed = sum(o.status == "FAIL" for o in outcomes)
-    errors = len(outcomes) - passed - failed
-    closing = f"{len(outcomes)} tests, {passed} passed, 0 warnings, {failed + errors} failures"
-    if args.format == "text":
-        for o in outcomes:
-            if o.status != "PASS" or args.verbose:
-                msg = f": {o.message}" if o.message else ""
-                print(f"{o.status} {o.name} ({o.location}, {o.seconds * 1e3:.1f} ms){msg}")
-                for line in o.explanation:
-                    print(f"    {line}")
-        print("-" * 72)
-        print(f"{engine.name}: PASS {passed}/{len(outcomes)}" + (f", FAIL {failed}" if failed else "")
-              + (f", ERROR {errors}" if errors else ""))  # fmt: skip
-        print(closing)
-    else:
-        print(render_tests(outcomes, args.format, f"semgov policy test {d}", engine.name, closing), end="")
-    if args.coverage:
-        _print_coverage(policy, d, run, outcomes, to_stderr=args.format != "text")
-    return 0 if passed == len(outcomes) else 1
+    from semgov.cli.policy_run import run_test as impl
 
-
-def _case_explainer(policy: Any, d: Path) -> Any:
-    """``--explain`` for case files: :func:`semgov.policy.explain.explain_case` on this policy."""
-    from semgov.policy.explain import explain_case
-
-    return lambda doc, result, gates: explain_case(policy, d, doc, result, gates)
-
-
-def _ranges(lines: tuple[int, ...]) -> str:
-    """``1-3, 7, 9-10`` for lines 1, 2, 3, 7, 9, 10."""
-    out: list[str] = []
-    for n in sorted(lines):
-        if out and n == int(out[-1].split("-")[-1]) + 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{n}"
-        else:
-            out.append(str(n))
-    return ", ".join(out)
-
-
-def _print_coverage(
-    policy: Any, d: Path, run: re.Pattern[str] | None, outcomes: list[TestOutcome], *, to_stderr: bool
-) -> None:
-    """``--coverage``: gate outcomes the case files exercised, and line coverage of a Rego
-    policy's modules by its Rego tests."""
-    import sys
-
-    from semgov.policy.testing import gate_coverage, rego_coverage
-
-    out = sys.stderr if to_stderr else sys.stdout
-    table = gate_coverage(outcomes)
-    decided = sum(bool(o.gates) for o in outcomes)
-    if decided:
-        print(f"gate coverage ({decided} decided case(s)): pass/fail/error", file=out)
-    else:
-        print(f"{d}: gate coverage: no *_test.yaml case decided (Rego test rules decide no gates)", file=out)
-    for gate, counts in table.items() if decided else ():
-        gap = "" if counts["fail"] else "   <- no case fails this gate"
-        print(f"  {gate:<18} {counts['pass']:>4} {counts['fail']:>4} {counts['error']:>4}{gap}", file=out)
-    if not isinstance(policy, RegoPolicy):
-        return
-    for f in rego_coverage(d, run=run):
-        n = len(f.covered) + len(f.not_covered)
-        print(f"coverage {f.path}: {len(f.covered)}/{n} lines ({f.share:.1%})", file=out)
-        if f.not_covered:
-            print(f"  not reached: {_ranges(f.not_covered)}", file=out)
+    return impl(args)
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    """``semgov policy eval``: one input document, decided, as JSON on stdout."""
-    import dataclasses
-    import json
-    import sys
+    from semgov.cli.policy_run import run_eval as impl
 
-    from pydantic import ValidationError
-
-    from semgov.errors import InputError
-    from semgov.policy.checks import checked_result
-    from semgov.policy.testing import input_adapter
-    from semgov.wire.strictjson import StrictJSONError
-    from semgov.wire.strictjson import loads as strict_loads
-
-    policy = load_policy_source(args.directory, limits=limits_from_args(args))
-    engine = make_engine(policy, args.engine)
-    where = "<stdin>" if args.input == "-" else args.input
-    try:
-        data = sys.stdin.buffer.read() if args.input == "-" else Path(args.input).read_bytes()
-        doc = input_adapter().validate_python(strict_loads(data))
-    except OSError as e:
-        raise InputError(f"cannot read: {e.strerror}", source=where) from e
-    except StrictJSONError as e:
-        raise InputError(f"not strict JSON: {e}", source=where) from e
-    except ValidationError as e:
-        err = e.errors(include_url=False)[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise InputError(f"not a policy input document: {err['msg']}", source=where, field=loc) from e
-    result = checked_result(engine.evaluate(doc), doc)
-    allow = all(g.result == "pass" for g in result.gates)
-    out = {
-        "policy": {
-            "name": policy.name,
-            "version": policy.version,
-            "revision": policy.revision,
-            "engine": engine.name,
-        },
-        "decision": "allow" if allow else "deny",
-        "gates": [dataclasses.asdict(g) for g in result.gates],
-        "approved_spans": [dataclasses.asdict(s) for s in result.approved_spans],
-    }
-    print(json.dumps(out, indent=2))
-    return 0
+    return impl(args)

@@ -1,32 +1,32 @@
-"""CI formats for ``semgov check`` (a JSON document, JUnit XML, SARIF 2.1.0, GitHub annotations)
-and ``semgov policy test`` (JSON, JUnit XML, GitHub annotations).
+"""CI formats for ``semgov check`` (a JSON document, JUnit XML, SARIF 2.1.0, GitHub annotations);
+``semgov diff``'s are in :mod:`semgov.cli.diff_report`, ``semgov policy test``'s in
+:mod:`semgov.cli.policy_report`.
 
 Pure rendering of a :class:`CheckReport` (what one run found); the command fills it in. The
 conventions are conftest's and OPA's: every decision is a test; a test fails when its decision
 differs from the request's ``expect`` or it was decided by errors alone (a deny no gate failed:
 the engine failed, timed out or answered something invalid, or a fact could not be computed);
 a malformed request line is a failure too; under ``--expect`` a decision with no expectation is
-a warning. The closing line of every format is ``N tests, N passed, N warnings, N failures``.
+a warning. The closing line of every format is ``N tests, N passed, N warnings, N failures``;
+JUnit has one testcase per decision and per malformed line, so its counts are its elements'.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import quote
 from xml.sax.saxutils import escape, quoteattr
 
 if TYPE_CHECKING:
-    from semgov.policy.testing import TestOutcome
+    pass
 
-Kind = Literal["mismatch", "error", "malformed", "flip", "spans"]
+Kind = Literal["mismatch", "error", "malformed"]
 RULES: dict[Kind, tuple[str, str]] = {
     "mismatch": ("semgov/decision-mismatch", "A decision differs from the request's expectation"),
     "error": ("semgov/error-decision", "A decision was made by errors alone (no gate failed)"),
     "malformed": ("semgov/malformed-request", "A captured request line is not a valid request"),
-    "flip": ("semgov/decision-flip", "The policy change flips a decision"),
-    "spans": ("semgov/span-change", "The policy change changes what an allow reuses"),
 }
 CHECK_REPORT_SCHEMA = "semgov.check_report/v1"
 POLICY_TEST_REPORT_SCHEMA = "semgov.policy_test_report/v1"
@@ -41,6 +41,7 @@ class Finding:
     request_id: str | None = None
     donor_id: str | None = None
     line: int | None = None
+    file: str | None = None  # the captured file holding ``line`` (a capture directory's file)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -48,6 +49,7 @@ class Finding:
             "rule": RULES[self.kind][0],
             "request_id": self.request_id,
             "donor_id": self.donor_id,
+            "file": self.file,
             "line": self.line,
             "message": self.message,
         }
@@ -66,6 +68,7 @@ class CheckReport:
     warnings: int = 0
     findings: list[Finding] = field(default_factory=list)
     gates: dict[str, dict[str, int]] = field(default_factory=dict)
+    cases: list[tuple[str, str, bool]] = field(default_factory=list)  # per decision: ids, warned
 
     @property
     def failures(self) -> int:
@@ -112,33 +115,42 @@ def render_json(r: CheckReport) -> str:
 
 
 def render_junit(r: CheckReport) -> str:
-    """One testsuite; one testcase per finding, plus one for everything that passed (JUnit readers
-    show counts from the suite's attributes)."""
-    errors = r.count("error")
-    failures = r.failures - errors
-    name = quoteattr(f"{r.command} {r.captured}")
-    out = [
-        '<?xml version="1.0" encoding="UTF-8"?>',
-        f'<testsuites name={name} tests="{r.tests}" failures="{failures}" errors="{errors}">',
-        f'  <testsuite name={name} tests="{r.tests}" failures="{failures}" errors="{errors}" '
-        f'skipped="{r.warnings}">',
-    ]
+    """One testcase per decision (its ``<failure>``/``<error>`` findings, ``<skipped>`` for a warning)
+    and one per malformed line: the suite's counts are its testcases' and their elements'."""
+    by_case: dict[tuple[str | None, str | None], list[Finding]] = {}
     for f in r.findings:
-        cls = quoteattr(f.request_id or f"line {f.line}")
-        case = quoteattr(f"donor {f.donor_id}" if f.donor_id else f.kind)
-        tag = "error" if f.kind == "error" else "failure"
-        out.append(f"    <testcase classname={cls} name={case}>")
-        out.append(f"      <{tag} type={quoteattr(RULES[f.kind][0])} message={quoteattr(f.message)}/>")
-        out.append("    </testcase>")
-    ok = quoteattr(
-        f"{r.passed} decisions unchanged"
-        if r.command == "semgov diff"
-        else f"{r.passed} decisions as expected"
+        if f.kind != "malformed":
+            by_case.setdefault((f.request_id, f.donor_id), []).append(f)
+    body: list[str] = []
+    for request_id, donor_id, warned in r.cases:
+        found = by_case.pop((request_id, donor_id), [])
+        body += _junit_case(request_id, f"donor {donor_id}", found, warned)
+    for f in [f for f in r.findings if f.kind == "malformed"] + [f for fs in by_case.values() for f in fs]:
+        body += _junit_case(f.request_id or f"{f.file or r.captured}:{f.line}", f.kind, [f], False)
+    tests = sum(x.startswith("    <testcase") for x in body)
+    errors = sum(x.startswith("      <error") for x in body)
+    failures = sum(x.startswith("      <failure") for x in body)
+    skipped = sum(x.startswith("      <skipped") for x in body)
+    name = quoteattr(f"{r.command} {r.captured}")
+    counts = f'tests="{tests}" failures="{failures}" errors="{errors}" skipped="{skipped}"'
+    return "\n".join(
+        ['<?xml version="1.0" encoding="UTF-8"?>', f"<testsuites name={name} {counts}>"]
+        + [f"  <testsuite name={name} {counts}>", *body]
+        + [f"    <system-out>{escape(r.closing_line())}</system-out>", "  </testsuite>", "</testsuites>", ""]
     )
-    out.append(f'    <testcase classname="semgov" name={ok}/>')
-    out.append(f"    <system-out>{escape(r.closing_line())}</system-out>")
-    out += ["  </testsuite>", "</testsuites>", ""]
-    return "\n".join(out)
+
+
+def _junit_case(classname: str | None, name: str, found: list[Finding], warned: bool) -> list[str]:
+    head = f"    <testcase classname={quoteattr(classname or '')} name={quoteattr(name)}"
+    if not found and not warned:
+        return [head + "/>"]
+    out = [head + ">"]
+    for f in found:
+        tag = "error" if f.kind == "error" else "failure"
+        out.append(f"      <{tag} type={quoteattr(RULES[f.kind][0])} message={quoteattr(f.message)}/>")
+    if warned and not found:
+        out.append('      <skipped message="no expectation for this decision (--expect)"/>')
+    return [*out, "    </testcase>"]
 
 
 def render_sarif(r: CheckReport, version: str) -> str:
@@ -150,7 +162,9 @@ def render_sarif(r: CheckReport, version: str) -> str:
                 "ruleId": RULES[f.kind][0],
                 "level": "error",
                 "message": {"text": f.message},
-                "locations": [{"physicalLocation": {"artifactLocation": {"uri": r.captured}, **region}}],
+                "locations": [
+                    {"physicalLocation": {"artifactLocation": {"uri": _uri(f.file or r.captured)}, **region}}
+                ],
                 "properties": {"request_id": f.request_id, "donor_id": f.donor_id},
             }
         )
@@ -176,6 +190,10 @@ def render_sarif(r: CheckReport, version: str) -> str:
     return json.dumps(doc, indent=2) + "\n"
 
 
+def _uri(path: str) -> str:
+    return quote(path, safe="/:")
+
+
 def _gh(text: str) -> str:
     """A GitHub workflow command's message: ``%``, CR and LF escaped as the runner expects."""
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
@@ -185,59 +203,11 @@ def render_github(r: CheckReport) -> str:
     """GitHub Actions workflow commands: one ``::error`` per finding, a ``::notice`` summary."""
     out = []
     for f in r.findings:
-        where = f"file={_gh(r.captured).replace(',', '%2C')}" + (f",line={f.line}" if f.line else "")
+        where = f"file={_gh(f.file or r.captured).replace(',', '%2C')}" + (
+            f",line={f.line}" if f.line else ""
+        )
         title = _gh(RULES[f.kind][1]).replace(",", "%2C").replace(":", "%3A")
         out.append(f"::error {where},title={title}::{_gh(f.message)}")
     out.append(f"::notice title={_gh(r.command)}::{_gh(r.closing_line())}")
     out.append(r.closing_line())
     return "\n".join(out) + "\n"
-
-
-def render_tests(outcomes: Sequence[TestOutcome], fmt: str, suite: str, engine: str, closing: str) -> str:
-    """``semgov policy test`` as ``json``, ``junit`` or ``github``: one entry per test."""
-    if fmt == "json":
-        doc = {
-            "schema": POLICY_TEST_REPORT_SCHEMA,
-            "suite": suite,
-            "engine": engine,
-            "summary": closing,
-            "tests": [
-                {"name": o.name, "location": o.location, "status": o.status, "message": o.message,
-                 "seconds": round(o.seconds, 6),
-                 **({"explanation": list(o.explanation)} if o.explanation else {})}
-                for o in outcomes
-            ],
-        }  # fmt: skip
-        return json.dumps(doc, indent=2) + "\n"
-    if fmt == "github":
-        out = [
-            f"::error title={_gh(o.status)} {_gh(o.name)}::{_gh(o.location)}: {_gh(o.message)}"
-            + "".join(_gh("\n" + line) for line in o.explanation)
-            for o in outcomes
-            if o.status != "PASS"
-        ]
-        return "\n".join([*out, f"::notice title=semgov policy test::{_gh(closing)}", closing]) + "\n"
-    failures = sum(o.status == "FAIL" for o in outcomes)
-    errors = sum(o.status not in ("PASS", "FAIL") for o in outcomes)
-    name = quoteattr(suite)
-    lines = [
-        '<?xml version="1.0" encoding="UTF-8"?>',
-        f'<testsuites name={name} tests="{len(outcomes)}" failures="{failures}" errors="{errors}">',
-        f'  <testsuite name={name} tests="{len(outcomes)}" failures="{failures}" errors="{errors}">',
-    ]
-    for o in outcomes:
-        head = (
-            f'    <testcase classname={quoteattr(o.location)} name={quoteattr(o.name)} time="{o.seconds:.6f}"'
-        )
-        if o.status == "PASS":
-            lines.append(head + "/>")
-            continue
-        tag = "failure" if o.status == "FAIL" else "error"
-        body = escape("\n".join(o.explanation))
-        lines += [
-            head + ">",
-            f"      <{tag} message={quoteattr(o.message)}>{body}</{tag}>",
-            "    </testcase>",
-        ]
-    lines += [f"    <system-out>{escape(closing)}</system-out>", "  </testsuite>", "</testsuites>", ""]
-    return "\n".join(lines)

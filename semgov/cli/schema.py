@@ -12,7 +12,6 @@ from semgov.wire.schemas import render_all
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "schema",
-        help="write or check the JSON Schemas generated from the wire types",
         description="The JSON Schemas in schemas/ are generated from semgov's pydantic models. "
         "--write regenerates them; --check exits 1 when the files differ from the models.",
     )

@@ -8,8 +8,6 @@ from typing import Any
 
 from semgov import log
 from semgov.errors import InputError, SignatureError
-from semgov.signing.keys import load_public_key
-from semgov.signing.records import verify_record_json
 
 
 def register(sub: Any) -> None:
@@ -27,6 +25,9 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from semgov.signing.keys import load_public_key
+    from semgov.signing.records import verify_record_json
+
     logger = log.get_logger()
     key = load_public_key(args.pubkey)
     name = args.file

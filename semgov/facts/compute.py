@@ -63,6 +63,9 @@ from semgov.wire.timefmt import rfc3339, unix_ns
 K = TypeVar("K")
 V = TypeVar("V")
 
+# The reason a token fact error starts with when the donor was deliberately not compared.
+NOT_COMPARED = "not compared:"
+
 
 @dataclass(frozen=True, slots=True)
 class PreparedPrompt:
@@ -373,7 +376,7 @@ def _token_facts(
     # the token gate then errors with this reason (cross-tenant reuse needs a public donor).
     if payload is not None and payload.tenant != req.tenant and payload.visibility != "public":
         raise CrossTenantNotCompared(
-            "not compared: the donor's provenance names another tenant and is not public"
+            f"{NOT_COMPARED} the donor's provenance names another tenant and is not public"
         )
     lcp, spans = find_spans(
         recipient.tokens,

@@ -396,7 +396,7 @@ class Gateway:
         except asyncio.CancelledError:
             out.status, out.outcome = 499, "aborted"
             raise
-        except (TimeoutError, aiohttp.ClientError, ValueError) as e:
+        except (TimeoutError, aiohttp.ClientError, ValueError, TypeError, AttributeError, KeyError) as e:
             out.outcome = "timeout" if isinstance(e, TimeoutError) else "upstream_error"
             msg = (
                 "the engine did not go on in time"

@@ -117,14 +117,19 @@ def chat_response(raw: bytes) -> dict[str, Any]:
         raise UpstreamError(
             502, "upstream_error", f"the engine's answer is not a completion ({type(e).__name__})"
         ) from e
+    return _chat_envelope(doc, "chat.completion", choices)
+
+
+def _chat_envelope(doc: dict[str, Any], kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    """The engine's id, creation time, model and usage around ``choices``, as a ``kind`` object."""
     out = {
         "id": "chatcmpl-" + str(doc.get("id", "")),
-        "object": "chat.completion",
+        "object": kind,
         "created": doc.get("created", int(time.time())),
         "model": doc.get("model"),
         "choices": choices,
     }
-    if "usage" in doc:
+    if doc.get("usage") is not None:
         out["usage"] = doc["usage"]
     return out
 
@@ -141,16 +146,7 @@ def chat_chunk(doc: dict[str, Any], first: set[int]) -> dict[str, Any]:
         choices.append(
             {"index": index, "delta": delta, "logprobs": None, "finish_reason": c.get("finish_reason")}
         )
-    out = {
-        "id": "chatcmpl-" + str(doc.get("id", "")),
-        "object": "chat.completion.chunk",
-        "created": doc.get("created", int(time.time())),
-        "model": doc.get("model"),
-        "choices": choices,
-    }
-    if doc.get("usage") is not None:
-        out["usage"] = doc["usage"]
-    return out
+    return _chat_envelope(doc, "chat.completion.chunk", choices)
 
 
 async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:

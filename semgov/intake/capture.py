@@ -48,11 +48,21 @@ class MalformedLine:
     donor_ids: tuple[str, ...]
 
 
-def _describe(e: ValidationError) -> str:
+_AT = re.compile(r" at line (\d+) column (\d+)$")
+
+
+def _describe(e: ValidationError, raw: bytes = b"") -> str:
     errs = e.errors(include_url=False)
     first = errs[0]
     loc = ".".join(str(p) for p in first["loc"])
     msg = f"{loc}: {first['msg']}" if loc else first["msg"]
+    m = _AT.search(msg) if first["type"] == "json_invalid" else None
+    if m is not None:
+        # NOTE: the JSON parser counts lines inside the one captured line (its newline makes a
+        # "line 2"): say where in the captured line instead.
+        end = int(m.group(1)) > 1 or int(m.group(2)) >= len(raw.rstrip(b"\r\n"))
+        where = " at the end of the line (the line is cut short?)" if end else f" at column {m.group(2)}"
+        msg = msg[: m.start()] + where
     if len(errs) > 1:
         msg += f" (+{len(errs) - 1} more)"
     return msg
@@ -229,7 +239,7 @@ def parse_line(raw: bytes, line: int, *, limits: Limits | None = None) -> Captur
     try:
         req = CapturedRequest.model_validate_json(raw)
     except ValidationError as e:
-        return _salvage(raw, line, _describe(e))
+        return _salvage(raw, line, _describe(e, raw))
     except (ValueError, RecursionError) as e:
         return _salvage(raw, line, f"{type(e).__name__}: {e}")
     problem = strictness_problem(raw)
@@ -279,10 +289,11 @@ def _lines(f: IO[bytes], limit: int) -> Iterator[tuple[bytes, int | None]]:
 
 def _read_file(
     f: IO[bytes], lim: Limits, first: int = 0, label: str | None = None
-) -> Generator[CapturedRequest | MalformedLine, None, int]:
-    """The items of one open file, numbered from ``first + 1``; returns the last line number. A read
-    error ends the file with one MalformedLine ("cannot read further"). With a ``label``, each
-    malformed line's reason starts with ``"{label} line {n}: "`` (``n`` counted in this file)."""
+) -> Generator[tuple[int, CapturedRequest | MalformedLine], None, int]:
+    """``(line in this file, item)`` for each item of one open file, numbered from ``first + 1``
+    (``item.line`` of a MalformedLine); returns the last line number. A read error ends the file
+    with one MalformedLine ("cannot read further"). With a ``label``, each malformed line's reason
+    starts with ``"{label} line {n}: "`` (``n`` counted in this file)."""
     n = first
     try:
         for raw, over in _lines(f, lim.max_line_bytes):
@@ -295,10 +306,11 @@ def _read_file(
                 item = parse_line(raw, n, limits=lim)
             else:
                 continue
-            yield _labelled(item, label, n - first)
+            yield n - first, _labelled(item, label, n - first)
     except (OSError, EOFError, gzip.BadGzipFile, io.UnsupportedOperation) as e:
         n += 1
-        yield _labelled(MalformedLine(n, f"cannot read further: {e}", None, "", "", ()), label, n - first)
+        end = MalformedLine(n, f"cannot read further: {e}", None, "", "", ())
+        yield n - first, _labelled(end, label, n - first)
     return n
 
 
@@ -330,13 +342,22 @@ def capture_files(directory: str | Path) -> list[Path]:
     return files
 
 
-def _read_directory(directory: str | Path, lim: Limits) -> Iterator[CapturedRequest | MalformedLine]:
+def _read_directory(
+    directory: str | Path, lim: Limits
+) -> Iterator[tuple[str, int, CapturedRequest | MalformedLine]]:
     """Every capture file of ``directory`` as one stream (line numbers count across the files)."""
     offset = 0
     for path in capture_files(directory):
         f = _open(str(path))
         try:
-            offset = yield from _read_file(f, lim, offset, path.name)
+            items = _read_file(f, lim, offset, path.name)
+            while True:
+                try:
+                    n, item = next(items)
+                except StopIteration as stop:
+                    offset = stop.value
+                    break
+                yield str(path), n, item
         finally:
             f.close()
 
@@ -354,6 +375,15 @@ def read_captured(
     ``limits`` (default: :meth:`Limits.from_env`): a line over ``max_line_bytes`` is a
     :class:`MalformedLine` and is never held in memory beyond that many bytes.
     """
+    for _, _, item in read_captured_at(path, limits=limits):
+        yield item
+
+
+def read_captured_at(
+    path: str | Path, *, limits: Limits | None = None
+) -> Iterator[tuple[str, int, CapturedRequest | MalformedLine]]:
+    """:func:`read_captured`, each item with where it was read: ``(file, line in that file, item)``
+    (in a capture directory: the file of the directory and its own line number)."""
     lim = resolve(limits)
     name = str(path)
     if name != "-" and Path(name).is_dir():
@@ -361,7 +391,8 @@ def read_captured(
         return
     f = _open(name)
     try:
-        yield from _read_file(f, lim)
+        for n, item in _read_file(f, lim):
+            yield name, n, item
     finally:
         if f is not sys.stdin.buffer:
             f.close()

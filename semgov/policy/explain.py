@@ -143,7 +143,7 @@ def _rego_ast(path: str, text: str) -> dict[str, Any]:
     return ast
 
 
-def _head_var(rule: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+def head_var(rule: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     """(name, span) of a rule head that is a plain variable (``deny contains``, ``test_x if``)."""
     head = rule.get("Spec", {}).get("head", {})
     for kind in head.values():
@@ -185,7 +185,7 @@ def rego_gate_rules(policy: RegoPolicy) -> dict[str, list[str]]:
         if _package_line(text) != f"package {PACKAGE}":
             continue
         for rule in _rego_ast(path, text).get("rules", []):
-            head = _head_var(rule)
+            head = head_var(rule)
             gate = _static_gate(rule) if head is not None and head[0] == "deny" else None
             if gate is not None:
                 out.setdefault(gate, []).append(f"{path}:{_spans(rule['Spec'])[0]}")
@@ -204,7 +204,7 @@ def rego_settings_read(policy: RegoPolicy) -> dict[str, list[str]]:
             continue
         raw = text.encode()
         for rule in _rego_ast(path, text).get("rules", []):
-            head = _head_var(rule)
+            head = head_var(rule)
             if head is None:
                 continue
             spec = rule["Spec"]
@@ -245,7 +245,7 @@ def rego_deny_rules(policy: RegoPolicy, doc: PolicyInput) -> dict[tuple[str, str
             continue
         extra = [_package_line(text), *_imports(raw, ast)]
         for rule in ast.get("rules", []):
-            head = _head_var(rule)
+            head = head_var(rule)
             if head is None or head[0] != "deny":
                 continue
             line, start, end = _spans(rule["Spec"])
@@ -355,7 +355,7 @@ def explain_rego_test(directory: Path, sources: dict[str, str], test_path: str, 
     raw = text.encode()
     ast = _rego_ast(test_path, text)
     bodies = [r["Spec"]["bodies"][0]["query"]["stmts"] for r in ast.get("rules", [])
-              if (h := _head_var(r)) is not None and h[0] == rule and r["Spec"].get("bodies")]  # fmt: skip
+              if (h := head_var(r)) is not None and h[0] == rule and r["Spec"].get("bodies")]  # fmt: skip
     if not bodies:
         return ["(the rule has no body to explain)"]
     stmts = bodies[0]

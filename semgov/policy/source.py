@@ -9,13 +9,12 @@ from pathlib import Path
 
 from semgov.errors import PolicyError
 from semgov.intake.limits import Limits, resolve
+from semgov.policy.choices import ENGINES
 from semgov.policy.engine import PolicyEngine, PolicySource
 from semgov.policy.rego.engines import OpaInProcessEngine, RegorusEngine
 from semgov.policy.rego.loader import RegoPolicy, load_rego_policy, rego_files
 from semgov.policy.yaml.engine import YamlEngine
 from semgov.policy.yaml.model import POLICY_FILE, Policy, load_policy
-
-ENGINES = ("auto", "yaml", "regorus", "opa-inprocess")
 
 
 def load_policy_source(path: Path, *, limits: Limits | None = None) -> PolicySource:

@@ -16,15 +16,18 @@ policy input documents and the decision expected for them::
 
 A whole case file is validated before any case runs (``semgov policy check`` does
 only that): each case's document strictly, as JSON types (``"0.9"`` is not a
-number, ``"true"`` not a boolean). A malformed case is a ``PolicyError`` naming
-``file:line`` and the field, never a decision.
+number, ``"true"`` not a boolean). Every problem is a ``PolicyError`` naming ``file:line`` and
+the field, worded as the policy lint words its own (``unknown key (did you mean 'patch'?)``),
+never a decision; all of a file's problems are reported together.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -38,8 +41,9 @@ from semgov.errors import PolicyError
 from semgov.intake.limits import Limits
 from semgov.policy.checks import checked_result
 from semgov.policy.engine import EngineResult, PolicyEngine
-from semgov.policy.explain import explain_rego_test
+from semgov.policy.explain import explain_rego_test, head_var
 from semgov.policy.rego.loader import lint_ast, rego_files, syntax_diagnostic
+from semgov.policy.yaml.model import did_you_mean
 from semgov.wire.models import GATES
 from semgov.wire.policy_input import PolicyInput
 
@@ -58,13 +62,15 @@ class TestOutcome:
     seconds: float
     explanation: tuple[str, ...] = ()  # --explain: why it failed (semgov.policy.explain)
     gates: tuple[tuple[str, str], ...] = ()  # a case's (gate, outcome) pairs, for --coverage
+    doc: PolicyInput | None = None  # a decided case's input document, for --coverage
 
 
 # ---- Rego -----------------------------------------------------------------
 
 
 def discover_rego_tests(directory: Path) -> list[tuple[str, str, str]]:
-    """(package, rule, file) of every ``test_*`` rule in the ``*_test.rego`` modules."""
+    """(package, rule, ``file:line``) of every ``test_*`` rule in the ``*_test.rego`` modules (the
+    line of its first definition)."""
     import regorus
 
     _, tests = rego_files(directory)
@@ -78,8 +84,13 @@ def discover_rego_tests(directory: Path) -> list[tuple[str, str, str]]:
             raise PolicyError(syntax_diagnostic(path, e).message, source=path) from e
         [entry] = json.loads(eng.get_ast_as_json())
         pkg, rules, _ = lint_ast(path, entry["ast"])
+        lines: dict[str, int] = {}
+        for r in entry["ast"].get("rules", []):
+            head = head_var(r)
+            if head is not None:
+                lines.setdefault(head[0], int(head[1]["line"]))
         for rule in sorted(r for r in rules if r.startswith("test_")):
-            found.append((str(pkg), rule, path))
+            found.append((str(pkg), rule, f"{path}:{lines[rule]}" if rule in lines else path))
     return found
 
 
@@ -94,8 +105,9 @@ def run_rego_tests(
         return []
     evaluate = _rego_evaluator(directory, {**modules, **tests}, engine)
     out = []
-    for pkg, rule, path in selected:
+    for pkg, rule, where in selected:
         name = f"data.{pkg}.{rule}"
+        path = where.rsplit(":", 1)[0] if where.rsplit(":", 1)[-1].isdigit() else where
         t0 = time.perf_counter()
         try:
             value = evaluate(name)
@@ -113,7 +125,7 @@ def run_rego_tests(
         why: tuple[str, ...] = ()
         if explain and status != "PASS":
             why = _explained(explain_rego_test, directory, {**modules, **tests}, path, rule)
-        out.append(TestOutcome(name, path, status, msg, seconds, why))
+        out.append(TestOutcome(name, where, status, msg, seconds, why))
     return out
 
 
@@ -249,36 +261,126 @@ def _show(value: Any) -> str:
     return r if len(r) <= 80 else r[:77] + "..."
 
 
-def _doc_error(
+def _dataclass_in(tp: Any) -> Any:
+    """The dataclass a field's type holds (``X``, ``X | None``, ``list[X]``), if any."""
+    if dataclasses.is_dataclass(tp):
+        return tp
+    for arg in typing.get_args(tp):
+        found = _dataclass_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _input_keys(loc: tuple[Any, ...]) -> list[str]:
+    """The keys a policy input document allows in the mapping at ``loc``."""
+    tp: Any = PolicyInput
+    for part in loc:
+        if isinstance(part, int):
+            continue  # NOTE: a list's item: tp is already the item's dataclass
+        hints = typing.get_type_hints(tp) if tp is not None else {}
+        tp = _dataclass_in(hints[part]) if part in hints else None
+    return [f.name for f in dataclasses.fields(tp)] if tp is not None else []
+
+
+def _doc_errors(
     e: ValidationError, lines: dict[Path_, int], sources: list[Path_], case_line: int
-) -> tuple[str, str, int]:
-    """(field, message, line) of a document's first validation error; the line is that of the
-    deepest part of the field's path written in ``sources`` (the case's patch or input first, then
-    the base), else the case's."""
-    errors = e.errors(include_url=False)
-    err = errors[0]
-    loc = tuple(err["loc"])
-    msg = err["msg"]
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key"
-    elif err["type"] == "missing":
-        msg = "required key is missing"
-    elif not isinstance(err.get("input"), dict | list):
-        msg = f"{msg} (got {_show(err.get('input'))})"
-    if len(errors) > 1:
-        msg += f" [and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''}]"
-    best, line = 0, case_line
-    for prefix in sources:
-        for n in range(len(loc), best, -1):
-            hit = lines.get((*prefix, *loc[:n]))
-            if hit is not None:
-                best, line = n, hit
-                break
-    return ".".join(map(str, loc)), msg, line
+) -> list[tuple[str, str, int]]:
+    """(field, message, line) of each of a document's validation errors, worded as the policy lint
+    words them (``unknown key (did you mean 'similarity'?)``); the line is that of the deepest part
+    of the field's path written in ``sources`` (the case's patch or input first, then the base),
+    else the case's."""
+    out = []
+    for err in e.errors(include_url=False):
+        loc = tuple(err["loc"])
+        msg = err["msg"]
+        if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+            msg = "unknown key" + did_you_mean(str(loc[-1]), _input_keys(loc[:-1]))
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+        elif not isinstance(err.get("input"), dict | list):
+            msg = f"{msg} (got {_show(err.get('input'))})"
+        best, line = 0, case_line
+        for prefix in sources:
+            for n in range(len(loc), best, -1):
+                hit = lines.get((*prefix, *loc[:n]))
+                if hit is not None:
+                    best, line = n, hit
+                    break
+        out.append((".".join(map(str, loc)), msg, line))
+    return out
+
+
+class _Problems:
+    """The problems found in one case file, each a ``PolicyError`` at ``file:line`` and field."""
+
+    def __init__(self, src: str, lines: dict[Path_, int]) -> None:
+        self.src, self.lines, self.found = src, lines, list[PolicyError]()
+
+    def add(self, msg: str, where: Path_, field: str | None = None, line: int | None = None) -> None:
+        at = line if line is not None else line_for(self.lines, where) or 1
+        self.found.append(PolicyError(msg, source=self.src, line=at, field=field))
+
+    def raise_all(self) -> None:
+        """Raise the first problem found (cases in file order, a document's problems in field
+        order), carrying the others (``semgov policy check`` and ``semgov policy test`` list them
+        all; the message says how many more there are)."""
+        if not self.found:
+            return
+        found = self.found
+        first, more = found[0], len(found) - 1
+        if more:
+            first.message += f" [and {more} more problem{'s' if more > 1 else ''}]"
+        first.others = tuple(found[1:])
+        raise first
+
+
+def _check_case(case: Any, i: int, problems: _Problems) -> str | None:
+    """The structure of case ``i`` (not its document): its name when well formed, else ``None``
+    with each problem added."""
+    at: Path_ = ("cases", i)
+    here = f"cases.{i}"
+    if not isinstance(case, dict):
+        problems.add(f"a case is a mapping with keys {', '.join(CASE_KEYS)}, got {_show(case)}", at, here)
+        return None
+    name = case.get("name")
+    if not isinstance(name, str) or not name.strip():
+        problems.add(f"each case needs a `name` (a non-empty string), got {_show(name)}", at, here + ".name")
+        return None
+    before = len(problems.found)
+    for key in case:
+        if key not in CASE_KEYS:
+            problems.add(f"case {name!r}: unknown key{did_you_mean(str(key), CASE_KEYS)} (keys: "
+                         f"{', '.join(CASE_KEYS)})", (*at, key), f"{here}.{key}")  # fmt: skip
+    if "input" in case and "patch" in case:
+        problems.add(f"case {name!r}: give `input` or `patch`, not both", at, here)
+    for key in ("input", "patch"):
+        if key in case and not isinstance(case[key], dict):
+            problems.add(
+                f"case {name!r}: must be a mapping, got {_show(case[key])}", (*at, key), f"{here}.{key}"
+            )
+    expect = case.get("expect")
+    if expect not in ("allow", "deny"):
+        problems.add(f"case {name!r}: `expect` must be allow or deny, got {_show(expect)}", (*at, "expect"),
+                     f"{here}.expect")  # fmt: skip
+    gates = case.get("gates", {})
+    if not isinstance(gates, dict):
+        problems.add(f"case {name!r}: must be a mapping of gate to outcome, got {_show(gates)}",
+                     (*at, "gates"), f"{here}.gates")  # fmt: skip
+        gates = {}
+    for gate, want in gates.items():
+        if gate not in GATES:
+            problems.add(f"case {name!r}: unknown gate{did_you_mean(str(gate), GATES)} (gates: "
+                         f"{', '.join(GATES)})", (*at, "gates", gate), f"{here}.gates.{gate}")  # fmt: skip
+        elif want not in GATE_RESULTS:
+            problems.add(f"case {name!r}: a gate outcome is pass, fail or error, got {_show(want)}",
+                         (*at, "gates", gate), f"{here}.gates.{gate}")  # fmt: skip
+    return name if len(problems.found) == before else None
 
 
 def load_case_file(path: Path, *, limits: Limits | None = None) -> list[Case]:
-    """Read and validate every case of a YAML case file; any problem is a ``PolicyError`` at ``file:line``.
+    """Read and validate every case of a YAML case file; any problem is a ``PolicyError`` at
+    ``file:line``, the first in file order carrying every other one found (``others``).
 
     Types are exact: each case's document is validated strictly as a policy input document
     (no ``"0.9"`` for a number, no ``"true"`` for a boolean).
@@ -289,59 +391,26 @@ def load_case_file(path: Path, *, limits: Limits | None = None) -> list[Case]:
     except (OSError, UnicodeDecodeError) as e:
         raise PolicyError(f"cannot read test file: {e}", source=src) from e
     data, lines = load_yaml_with_lines(text, src, limits=limits)
-
-    def fail(msg: str, where: Path_, field: str | None = None) -> PolicyError:
-        return PolicyError(msg, source=src, line=line_for(lines, where) or 1, field=field)
-
+    problems = _Problems(src, lines)
     shape = "a case file is a mapping with `cases` (a list) and optionally `base` (a mapping)"
     if not isinstance(data, dict):
-        raise fail(shape, ())
+        problems.add(shape, ())
+        problems.raise_all()
     for key in data:
         if key not in ("base", "cases"):
-            raise fail(f"unknown key ({shape})", (key,), key)
-    if not isinstance(data.get("cases"), list):
-        raise fail(shape, ("cases",), "cases")
+            problems.add(f"unknown key{did_you_mean(str(key), ('base', 'cases'))} ({shape})", (key,), key)
     base = data.get("base", {})
     if not isinstance(base, dict):
-        raise fail(f"must be a mapping (a policy input document), got {_show(base)}", ("base",), "base")
+        problems.add(f"must be a mapping (a policy input document), got {_show(base)}", ("base",), "base")
+    if not isinstance(data.get("cases"), list):
+        problems.add(shape, ("cases",), "cases")
+        problems.raise_all()
     out = []
     for i, case in enumerate(data["cases"]):
+        name = _check_case(case, i, problems)
+        if name is None or not isinstance(base, dict):
+            continue
         at: Path_ = ("cases", i)
-        here = f"cases.{i}"
-        if not isinstance(case, dict):
-            raise fail(f"a case is a mapping with keys {', '.join(CASE_KEYS)}, got {_show(case)}", at, here)
-        name = case.get("name")
-        if not isinstance(name, str) or not name.strip():
-            raise fail(
-                f"each case needs a `name` (a non-empty string), got {_show(name)}", at, here + ".name"
-            )
-        for key in case:
-            if key not in CASE_KEYS:
-                raise fail(
-                    f"case {name!r}: unknown key (keys: {', '.join(CASE_KEYS)})", (*at, key), f"{here}.{key}"
-                )
-        if "input" in case and "patch" in case:
-            raise fail(f"case {name!r}: give `input` or `patch`, not both", at, here)
-        for key in ("input", "patch"):
-            if key in case and not isinstance(case[key], dict):
-                raise fail(
-                    f"case {name!r}: must be a mapping, got {_show(case[key])}", (*at, key), f"{here}.{key}"
-                )
-        expect = case.get("expect")
-        if expect not in ("allow", "deny"):
-            raise fail(f"case {name!r}: `expect` must be allow or deny, got {_show(expect)}", (*at, "expect"),
-                       f"{here}.expect")  # fmt: skip
-        gates = case.get("gates", {})
-        if not isinstance(gates, dict):
-            raise fail(f"case {name!r}: must be a mapping of gate to outcome, got {_show(gates)}",
-                       (*at, "gates"), f"{here}.gates")  # fmt: skip
-        for gate, want in gates.items():
-            if gate not in GATES:
-                raise fail(f"case {name!r}: unknown gate (gates: {', '.join(GATES)})", (*at, "gates", gate),
-                           f"{here}.gates.{gate}")  # fmt: skip
-            if want not in GATE_RESULTS:
-                raise fail(f"case {name!r}: a gate outcome is pass, fail or error, got {_show(want)}",
-                           (*at, "gates", gate), f"{here}.gates.{gate}")  # fmt: skip
         case_line = line_for(lines, at) or 1
         if "input" in case:
             raw, sources = case["input"], [(*at, "input")]
@@ -350,11 +419,11 @@ def load_case_file(path: Path, *, limits: Limits | None = None) -> list[Case]:
         try:
             doc = input_adapter().validate_python(raw)
         except ValidationError as e:
-            field, msg, line = _doc_error(e, lines, sources, case_line)
-            raise PolicyError(
-                f"case {name!r}: not a valid policy input document: {msg}", source=src, line=line, field=field
-            ) from e
-        out.append(Case(name, case_line, doc, expect, dict(gates)))
+            for field, msg, line in _doc_errors(e, lines, sources, case_line):
+                problems.add(f"case {name!r}: {msg}", (), field, line=line)
+            continue
+        out.append(Case(name, case_line, doc, case["expect"], dict(case.get("gates", {}))))
+    problems.raise_all()
     return out
 
 
@@ -396,5 +465,6 @@ def run_case_file(
         status = "FAIL" if problems else "PASS"
         seconds = time.perf_counter() - t0
         why = _explained(explain, case.doc, result, case.gates) if explain and problems else ()
-        out.append(TestOutcome(case.name, loc, status, "; ".join(problems), seconds, why, tuple(got.items())))
+        gates = tuple(got.items())
+        out.append(TestOutcome(case.name, loc, status, "; ".join(problems), seconds, why, gates, case.doc))
     return out

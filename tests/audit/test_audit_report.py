@@ -313,6 +313,20 @@ def test_a_real_browser_renders_the_figures_and_the_search(
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
 
 
+def test_no_table_cell_wraps_in_a_1400_px_window(log: Path, tmp_path: Path) -> None:
+    """At 1,400 px no cell breaks inside a word or number (wide tables scroll); gates in decision order."""
+    out = tmp_path / "report.html"
+    assert _report(log, out) == 0
+    dom = _browser("--window-size=1400,1800", "--dump-dom", out.resolve().as_uri()).stdout
+    wrapped = re.search(r'data-wrapped-cells="(\d+)"', dom)
+    assert wrapped is not None and wrapped.group(1) == "0", wrapped
+    from semgov.wire.models import GATES
+
+    shown = re.findall(r'data-k="gate:([a-z_]+):fail"', out.read_text())
+    assert shown and shown == [g for g in GATES if g in shown]
+    assert "<dt><b>seal</b></dt>" in out.read_text() and "<dt><b>anchored</b></dt>" in out.read_text()
+
+
 def test_client_strings_are_escaped(keys: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A tenant, namespace and request id that are HTML (clients choose them) appear as text, never
     as markup: the page holds no element or attribute they could inject."""

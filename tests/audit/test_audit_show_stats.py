@@ -482,3 +482,35 @@ def test_groups_count_errors_and_denies_without_a_failing_gate() -> None:
     assert (g.gates["pii"].fail, g.gates["pii"].error, g.gates["pii"].sole_deny) == (1, 1, 1)
     assert (g.denies, g.denies_without_gate, g.skipped) == (2, 1, {"shadow": 1, "event": 1})
     assert (g.total().candidates, g.total().deny, g.policy_total().deny) == (2, 2, 2)
+
+
+def test_stats_json_equals_the_records(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`stats --format json` counts what `show` lists: decisions, per-tenant outcomes, gate failures."""
+    recs = _jsonl(capsys, log)
+    live = _live(recs)
+    doc = json.loads(_run(capsys, "audit", "stats", str(log), "--format", "json"))
+    assert doc["records"] == len(recs)
+    assert sum(doc["decisions"].values()) == len(live)
+    fails = sum(1 for r in live for g in r["gates"] if g["result"] == "fail")
+    assert sum(g["fail"] for g in doc["gates"].values()) == fails
+    assert sum(doc["over_time"][p].get("allow", 0) for p in doc["over_time"]) == doc["decisions"].get(
+        "allow", 0
+    )
+    by_tenant = json.loads(_run(capsys, "audit", "stats", str(log), "--by", "tenant", "--format", "json"))
+    per: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in live:
+        per[r["tenant"]].append(r)
+    got = {
+        g["tenant"]: [g["candidates"], g["allow"], g["deny"], g["approved_tokens"]]
+        for g in by_tenant["groups"]
+    }
+    assert got == {t: _outcomes(rs) for t, rs in per.items()}
+
+
+def test_a_bad_flag_shows_the_subcommands_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    """An unknown flag of `audit stats` is reported with `audit stats`' usage, exit 2."""
+    with pytest.raises(SystemExit) as e:
+        main(["audit", "stats", "--bogus"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: semgov audit stats") and "unrecognized arguments: --bogus" in err

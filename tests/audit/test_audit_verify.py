@@ -103,6 +103,13 @@ def test_pristine_log_verifies(pristine: Path) -> None:
     assert rep.checkpoint is not None and rep.checkpoint.size == N and rep.checkpoints_checked >= 5
 
 
+def test_the_latest_checkpoint_is_counted_once(pristine: Path) -> None:
+    """The latest checkpoint, also kept under checkpoints/, counts once: as many as the key signed."""
+    rep = verify_log(pristine, public_key=PUB, workers=1)
+    (use,) = rep.keys.values()
+    assert rep.checkpoints_checked == len(use.checkpoints) == len(list((pristine / "checkpoints").iterdir()))
+
+
 def test_flipped_byte_names_the_record(log: Path) -> None:
     """A flipped byte inside record 7 is reported at index 7."""
     a, _ = frames(log)[7]

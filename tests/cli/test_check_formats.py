@@ -79,16 +79,45 @@ def test_junit_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     root = ET.fromstring(capsys.readouterr().out)
     suite = root.find("testsuite")
     assert suite is not None and suite.get("tests") == "3" and suite.get("errors") == "3"
-    assert len(suite.findall("testcase/error")) == 3
+    assert len(suite.findall("testcase/error")) == 3 and len(suite.findall("testcase")) == 3
+
+
+def test_junit_counts_agree_with_the_decisions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--format junit --expect: one testcase per decision, a mismatch a <failure>, a decision without an
+    expectation a <skipped>, and the suite's counts are those of its elements and the closing line's."""
+    rows = [json.loads(x) for x in _good_only(tmp_path).read_text().splitlines()]
+    donor = next(iter(rows[0]["expect"]))
+    rows[0]["expect"][donor] = "allow" if rows[0]["expect"][donor] == "deny" else "deny"
+    rows[1]["expect"] = {}
+    p = tmp_path / "mixed.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["check", str(p), *BASE, "--expect", "--format", "junit"]) == 1
+    suite = ET.fromstring(capsys.readouterr().out).find("testsuite")
+    assert suite is not None
+    cases, skipped = suite.findall("testcase"), suite.findall("testcase/skipped")
+    assert int(suite.get("tests", "")) == len(cases) == sum(len(r["candidates"]) for r in rows)
+    assert suite.get("failures") == "1" == str(len(suite.findall("testcase/failure")))
+    assert suite.get("skipped") == str(len(skipped)) and len(skipped) >= 1
+    closing = suite.findtext("system-out") or ""
+    assert (
+        closing
+        == f"{len(cases)} tests, {len(cases) - 1 - len(skipped)} passed, {len(skipped)} warnings, 1 failures"
+    )
 
 
 def test_sarif_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """--format sarif: SARIF 2.1.0 with the rules and one error result per finding at the file."""
+    """--format sarif: valid SARIF 2.1.0 with check's own rules, one error result per finding at the file."""
+    import jsonschema
+
+    from tests.conftest import ASSETS
+
     main(check(tmp_path, "--format", "sarif", policy=lying_rego(tmp_path)))
     doc = json.loads(capsys.readouterr().out)
+    jsonschema.validate(doc, json.loads((ASSETS / "sarif-schema-2.1.0.json").read_text()))
     run = doc["runs"][0]
     assert doc["version"] == "2.1.0" and run["tool"]["driver"]["name"] == "semgov"
     rules = {r["id"] for r in run["tool"]["driver"]["rules"]}
+    assert rules == {"semgov/decision-mismatch", "semgov/error-decision", "semgov/malformed-request"}
     assert len(run["results"]) == 3 and {r["ruleId"] for r in run["results"]} <= rules
     assert run["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"].endswith(
         "good.jsonl"

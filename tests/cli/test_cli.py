@@ -116,7 +116,8 @@ def test_missing_input_and_bad_now(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_check_capture_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`semgov check DIR` reads the directory's capture files in name order as one stream."""
+    """`semgov check DIR` reads the directory's capture files in name order as one stream; a malformed
+    line is reported at its file and its line in that file."""
     first, bad, last = SMALL.read_text().splitlines()
     d = tmp_path / "cap"
     d.mkdir()
@@ -126,7 +127,7 @@ def test_check_capture_directory(tmp_path: Path, capsys: pytest.CaptureFixture[s
     rc = main(["check", str(d), *BASE, "--expect"])
     out, err = capsys.readouterr()
     assert rc == 2
-    assert f"{d}:2: skipped malformed request: capture-2.jsonl line 1: " in err
+    assert f"{d / 'capture-2.jsonl'}:1: skipped malformed request: capture-2.jsonl line 1: " in err
     assert "requests 3 (1 malformed)" in out and "expectations: 3 checked, 0 mismatches" in out
     (d / "capture-2.jsonl").write_text(last + "\n")
     assert main(["check", str(d), *BASE, "--expect"]) == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -189,44 +190,202 @@ def test_bad_usage_and_malformed_lines_exit_two(tmp_path: Path, capsys: pytest.C
     assert f"{small}:2: skipped malformed request" in err and "requests 3 (1 malformed)" in out
 
 
-def test_ci_formats_report_each_flip_and_agree_with_json(
+_OUT: dict[tuple[str, ...], tuple[int, str]] = {}
+
+
+def _diff(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``semgov diff ARGS`` once per module (exit status, stdout): each run decides every candidate twice."""
+    if args not in _OUT:
+        rc = main(["diff", *args])
+        _OUT[args] = (rc, capsys.readouterr().out)
+    return _OUT[args]
+
+
+def _base(captured: Path, strict: Path) -> tuple[str, ...]:
+    return (str(captured), "--policy", str(DEFAULT_POLICY_DIR), "--policy", str(strict), "--trust", TRUST)
+
+
+def _summary(captured: Path, strict: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    rc, out = _diff(capsys, *_base(captured, strict), "--format", "json")
+    assert rc == 1
+    summary: dict[str, Any] = json.loads(out)["summary"]
+    return summary
+
+
+def test_sarif_is_valid_and_points_at_the_changed_policy_line_then_the_captured_line(
     captured: Path, strict: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """junit, sarif and github list one failure per flip or span change (deny-reason changes are
-    warnings), with the same counts as --format json; the table ends with the closing line."""
-    base = [
-        "diff",
-        str(captured),
-        "--policy",
-        str(DEFAULT_POLICY_DIR),
-        "--policy",
-        str(strict),
-        "--trust",
-        TRUST,
+    """On the shipped example, each SARIF result (valid SARIF 2.1.0) is located at the policy line the
+    change edited for its gate, then at a captured line holding one of its example requests."""
+    import jsonschema
+
+    rc, out = _diff(capsys, *_base(captured, strict), "--format", "sarif")
+    assert rc == 1
+    doc = json.loads(out)
+    jsonschema.validate(doc, json.loads((ASSETS / "sarif-schema-2.1.0.json").read_text()))
+    run = doc["runs"][0]
+    assert [r["id"] for r in run["tool"]["driver"]["rules"]] == [
+        "semgov/diff/deny-to-allow",
+        "semgov/diff/allow-to-deny",
+        "semgov/diff/span-change",
+        "semgov/diff/deny-reason-change",
+        "semgov/malformed-request",
     ]
-    assert main([*base, "--format", "json"]) == 1
-    summary = json.loads(capsys.readouterr().out)["summary"]
+    new = (strict / "policy.yaml").read_text().splitlines()
+    old = (DEFAULT_POLICY_DIR / "policy.yaml").read_text().splitlines()
+    changed = {n + 1: line for n, line in enumerate(new) if line != old[n]}
+    assert len(changed) == 2
+    want = {"similarity": "min: 0.8", "token_verification": "allow_shifted: true"}
+    cap = captured.read_text().splitlines()
+    summary = _summary(captured, strict, capsys)
+    flips = {"deny->allow": 0, "allow->deny": 0}
+    for r in run["results"]:
+        policy, first = (loc["physicalLocation"] for loc in r["locations"])
+        p = r["properties"]
+        assert policy["artifactLocation"]["uri"] == str(strict / "policy.yaml")
+        assert want[p["gate"]] in changed[policy["region"]["startLine"]], r["message"]["text"]
+        assert first["artifactLocation"]["uri"] == str(captured)
+        example = json.loads(cap[first["region"]["startLine"] - 1])
+        assert example["request_id"] == p["examples"][0]["request_id"]
+        flips[p["direction"]] = flips.get(p["direction"], 0) + p["count"]
+        assert r["level"] == ("warning" if p["direction"] == "reasons" else "error")
+    assert flips["deny->allow"] == summary["deny->allow"] > 0
+    assert flips["allow->deny"] == summary["allow->deny"] > 0
+    assert flips["reasons"] == summary["reasons"]
+
+
+_ANNOTATION = re.compile(r"^::(error|warning|notice) (file=[^,:]+,line=[1-9][0-9]*,)?title=[^:]*::.+$")
+
+
+def test_github_annotations_group_changes_by_cause(
+    captured: Path, strict: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--format github: one well-formed annotation per (policy line, gate, direction), at the policy
+    file and line, counting its changes; deny-reason changes are warnings; the closing line last."""
+    summary = _summary(captured, strict, capsys)
+    rc, out = _diff(capsys, *_base(captured, strict), "--format", "github")
+    lines = out.splitlines()
+    assert rc == 1 and all(_ANNOTATION.match(x) for x in lines[:-1]), lines
+    errors = [x for x in lines if x.startswith("::error ")]
+    warnings = [x for x in lines if x.startswith("::warning ")]
+    assert 2 <= len(errors) <= 10 and warnings
+    assert all(x.startswith(f"::error file={strict}/policy.yaml,line=") for x in errors)
+    count = re.compile(r"::(\d+) decision\(s\)")
     failing = summary["allow->deny"] + summary["deny->allow"] + summary["spans"]
-    assert failing > 0 and summary["allow->deny"] > 0
+    assert sum(int(count.search(x).group(1)) for x in errors) == failing  # type: ignore[union-attr]
+    assert sum(int(count.search(x).group(1)) for x in warnings) == summary["reasons"]  # type: ignore[union-attr]
     n, reasons = summary["decisions_compared"], summary["reasons"]
-    closing = f"{n} tests, {n - failing - reasons} passed, {reasons} warnings, {failing} failures"
-    assert main(base) == 1
-    assert capsys.readouterr().out.splitlines()[-1] == closing
-    assert main([*base, "--format", "github"]) == 1
-    out = capsys.readouterr().out.splitlines()
-    assert len([x for x in out if x.startswith("::error ")]) == failing and out[-1] == closing
-    assert main([*base, "--format", "sarif"]) == 1
-    sarif = json.loads(capsys.readouterr().out)
-    rules = {r["ruleId"] for r in sarif["runs"][0]["results"]}
-    assert len(sarif["runs"][0]["results"]) == failing and rules <= {
-        "semgov/decision-flip",
-        "semgov/span-change",
-    }
-    assert main([*base, "--format", "junit"]) == 1
+    assert lines[-1] == f"{n} tests, {n - failing - reasons} passed, {reasons} warnings, {failing} failures"
+
+
+def test_junit_has_one_testcase_per_decision_and_counts_that_agree(
+    captured: Path, strict: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--format junit: tests = testcases = decisions compared; failures = flips and span changes
+    (each a <failure>), skipped = deny-reason changes (each a <skipped>)."""
     import xml.etree.ElementTree as ET
 
-    suite = ET.fromstring(capsys.readouterr().out).find("testsuite")
-    assert suite is not None and suite.get("failures") == str(failing)
-    assert suite.get("tests") == str(summary["decisions_compared"]) and suite.get("skipped") == str(
-        summary["reasons"]
+    summary = _summary(captured, strict, capsys)
+    rc, out = _diff(capsys, *_base(captured, strict), "--format", "junit")
+    suite = ET.fromstring(out).find("testsuite")
+    assert rc == 1 and suite is not None
+    cases = suite.findall("testcase")
+    failing = summary["allow->deny"] + summary["deny->allow"] + summary["spans"]
+    assert int(suite.get("tests", "")) == len(cases) == summary["decisions_compared"]
+    assert int(suite.get("failures", "")) == len(suite.findall("testcase/failure")) == failing
+    assert int(suite.get("skipped", "")) == len(suite.findall("testcase/skipped")) == summary["reasons"]
+
+
+def test_fail_on_picks_the_direction_that_fails(
+    captured: Path, strict: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--fail-on allow-to-deny fails on lost reuse only: other flips become warnings; with a change
+    that only loses reuse, --fail-on deny-to-allow exits 0 and reports the flips as warnings."""
+    summary = _summary(captured, strict, capsys)
+    rc, out = _diff(capsys, *_base(captured, strict), "--fail-on", "allow-to-deny", "--format", "github")
+    n, a2d = summary["decisions_compared"], summary["allow->deny"]
+    warned = n - a2d - (n - sum(summary[k] for k in ("allow->deny", "deny->allow", "spans", "reasons")))
+    assert (
+        rc == 1
+        and out.splitlines()[-1] == f"{n} tests, {n - a2d - warned} passed, {warned} warnings, {a2d} failures"
     )
+    assert all("deny->allow" not in x for x in out.splitlines() if x.startswith("::error"))
+    rc, out = _diff(capsys, *_base(captured, strict), "--fail-on", "deny-to-allow", "--format", "github")
+    assert rc == 1 and any(x.startswith("::warning") and "allow->deny" in x for x in out.splitlines())
+    assert all("allow->deny" not in x for x in out.splitlines() if x.startswith("::error"))
+
+
+def test_fail_on_deny_to_allow_passes_a_change_that_only_loses_reuse(
+    captured: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A higher similarity bar only turns allows into denies: --fail-on deny-to-allow exits 0, the
+    default (any) exits 1."""
+    d = tmp_path / "bar"
+    d.mkdir()
+    (d / "policy.yaml").write_text(
+        (DEFAULT_POLICY_DIR / "policy.yaml").read_text().replace("  min: 0.6", "  min: 0.8")
+    )
+    base = (str(captured), "--policy", str(DEFAULT_POLICY_DIR), "--policy", str(d), "--trust", TRUST)
+    rc, out = _diff(capsys, *base, "--fail-on", "deny-to-allow", "--format", "github")
+    assert rc == 0 and out.splitlines()[-1].endswith(" 0 failures") and "::warning" in out
+    assert main(["diff", *base]) == 1
+
+
+def test_capture_directory_results_name_the_file_and_its_own_line(
+    captured: Path, strict: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In a capture directory, each example is located at the file of the directory that holds it
+    and its line in that file."""
+    lines = captured.read_text().splitlines(keepends=True)
+    d = tmp_path / "cap"
+    d.mkdir()
+    for i in range(0, len(lines), 60):
+        (d / f"capture-{i:06d}.jsonl").write_text("".join(lines[i : i + 60]))
+    args = (str(d), *_base(captured, strict)[1:], "--format", "sarif")
+    rc, out = _diff(capsys, *args)
+    assert rc == 1
+    for r in json.loads(out)["runs"][0]["results"]:
+        for loc in r["relatedLocations"]:
+            where = loc["physicalLocation"]
+            file = Path(where["artifactLocation"]["uri"])
+            assert file.parent == d
+            row = json.loads(file.read_text().splitlines()[where["region"]["startLine"] - 1])
+            assert row["request_id"] in loc["message"]["text"]
+
+
+def test_a_rego_change_is_located_at_the_setting_it_changed(
+    captured: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rego: a flip caused by a changed constant is located at that constant's line in policy B."""
+    rego = ROOT / "policies" / "rego" / "default"
+    d = tmp_path / "rego"
+    d.mkdir()
+    text = (rego / "policy.rego").read_text()
+    assert text.count("similarity_min := 0.6\n") == 1
+    (d / "policy.rego").write_text(text.replace("similarity_min := 0.6\n", "similarity_min := 0.8\n"))
+    line = text.splitlines().index("similarity_min := 0.6") + 1
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(captured.read_text().splitlines(keepends=True)[:60]))
+    assert (
+        main(
+            [
+                "diff",
+                str(small),
+                "--policy",
+                str(rego),
+                "--policy",
+                str(d),
+                "--trust",
+                TRUST,
+                "--format",
+                "sarif",
+            ]
+        )
+        == 1
+    )
+    results = json.loads(capsys.readouterr().out)["runs"][0]["results"]
+    assert results and all(r["properties"]["gate"] == "similarity" for r in results)
+    for r in results:
+        where = r["locations"][0]["physicalLocation"]
+        assert where["artifactLocation"]["uri"] == str(d / "policy.rego")
+        assert where["region"]["startLine"] == line and "similarity_min := 0.8" in r["message"]["text"]

@@ -79,16 +79,16 @@ def test_case_file_failure_is_explained(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_policy_check_reports_file_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """policy check prints file:line diagnostics and exits 1; a clean directory exits 0."""
+    """policy check prints file:line diagnostics and exits 2 (invalid policy); a clean directory exits 0."""
     assert main(["policy", "check", str(DEFAULT_POLICY_DIR)]) == 0
     bad = write(tmp_path, MINIMAL + "\nt := time.now_ns()\n")
-    assert main(["policy", "check", str(bad)]) == 1
+    assert main(["policy", "check", str(bad)]) == 2
     out = capsys.readouterr().out
     assert f"{bad / 'policy.rego'}:{MINIMAL.count(chr(10)) + 2}: time.now_ns() is not allowed" in out
     ydir = tmp_path / "y"
     ydir.mkdir()
     (ydir / "policy.yaml").write_text("name: p\nversion: '1'\nsimilarity:\n  minimum: 1\n")
-    assert main(["policy", "check", str(ydir)]) == 1
+    assert main(["policy", "check", str(ydir)]) == 2
     assert "policy.yaml:4: similarity.minimum: unknown key" in capsys.readouterr().out
 
 
@@ -142,7 +142,7 @@ def test_case_document_types_are_exact(
     assert e.source == str(d / "policy_test.yaml") and "case 'coerced'" in e.message, e
     assert main(["policy", "test", str(d)]) == 2
     assert "PASS" not in capsys.readouterr().out
-    assert main(["policy", "check", str(d)]) == 1
+    assert main(["policy", "check", str(d)]) == 2
     assert f"policy_test.yaml:{e.line}: {field}: " in capsys.readouterr().out
 
 
@@ -208,3 +208,76 @@ def test_json_case_document_reads_as_json(tmp_path: Path) -> None:
     doc["now"] = "2026-11-29T10:00:00Z"
     f.write_text(json.dumps({"cases": [{"name": "j", "input": doc, "expect": "allow"}]}))
     assert [c.name for c in load_case_file(f)] == ["j"]
+
+
+MALFORMED = """\
+  - name: fine
+    expect: allow
+  - name: typo in a case key
+    pach: {candidate: {similarity: 0.1}}
+    expect: deny
+  - name: typo in a gate
+    expect: deny
+    gates: {tenancy: fail}
+  - name: typo in the document
+    patch: {candidate: {similarty: 0.1, prompt_tokens: '370'}}
+    expect: deny
+"""
+
+
+def test_every_malformed_case_is_reported_in_the_lint_wording(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every problem of a case file is listed as `file:line: field: message`, with `did you mean`."""
+    d = _case_dir(tmp_path, MALFORMED)
+    f = d / "policy_test.yaml"
+    want = [
+        f"{f}:{_line_of(d, 'pach:')}: cases.1.pach: case 'typo in a case key': unknown key "
+        "(did you mean 'patch'?)",
+        f"{f}:{_line_of(d, 'tenancy')}: cases.2.gates.tenancy: case 'typo in a gate': unknown gate "
+        "(did you mean 'tenant'?)",
+        f"{f}:{_line_of(d, 'similarty')}: candidate.prompt_tokens: case 'typo in the document': "
+        "Input should be a valid integer (got '370')",
+        f"{f}:{_line_of(d, 'similarty')}: candidate.similarty: case 'typo in the document': unknown key "
+        "(did you mean 'similarity'?)",
+    ]
+    e = _case_error(d)
+    assert len(e.all_diagnostics()) == 4 and "[and 3 more problems]" in e.message
+    assert main(["policy", "test", str(d)]) == 2
+    out, err = capsys.readouterr()
+    assert "PASS" not in out
+    got = [x for x in err.splitlines() if x.startswith(str(f))]
+    assert [x.split(" (keys:")[0].split(" (gates:")[0].split(" [and")[0] for x in got] == want, err
+    assert "4 problem(s) in its case files; no test ran" in err
+    assert (
+        main(["policy", "check", str(d)]) == 2
+    )  # NOTE: a malformed case file is bad input, as for every command
+    out = capsys.readouterr().out
+    assert all(w.split(": case")[0] in out for w in want) and "4 problem(s)" in out
+
+
+def test_case_structure_and_documents_are_checked_in_one_pass(tmp_path: Path) -> None:
+    """A case file's top-level problems and its cases' problems come together, the first first."""
+    d = _case_dir(tmp_path, "  - name: a\n    expect: maybe\n", base="bsae: {}")
+    e = _case_error(d)
+    assert "unknown key (did you mean 'base'?)" in e.message and e.line == 1
+    assert [o.field for o in e.others] == ["cases.0.expect"]
+
+
+def test_policy_test_names_its_human_format_table_like_check_and_diff(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`policy test --format table` is the default human format; `text`, its old name, prints the same."""
+    from pathlib import Path
+
+    from semgov.cli.main import main
+
+    policy = str(Path(__file__).resolve().parents[2] / "policies" / "default")
+    assert main(["policy", "test", policy, "--format", "table"]) == 0
+    table = capsys.readouterr().out
+    assert main(["policy", "test", policy, "--format", "text"]) == 0
+    text = capsys.readouterr().out
+    assert main(["policy", "test", policy]) == 0
+    default = capsys.readouterr().out
+    strip = lambda out: [ln.split(" (")[0] for ln in out.splitlines()]  # noqa: E731 - timings differ
+    assert strip(table) == strip(text) == strip(default) and table.rstrip().endswith("0 failures")

@@ -70,7 +70,7 @@ def free_port() -> int:
 class FakeEngine:
     """An HTTP stand-in for an engine's /v1/completions: records each body, answers per ``mode``."""
 
-    mode: str = "ok"  # ok | stream | status:<n> | slow | break | garbage
+    mode: str = "ok"  # ok | stream | status:<n> | slow | break | garbage | badchunk
     bodies: list[dict[str, Any]] = field(default_factory=list)
     port: int = 0
     runner: web.AppRunner | None = None
@@ -92,6 +92,8 @@ class FakeEngine:
             return web.json_response(doc)
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
+        if self.mode == "badchunk":  # NOTE: well-formed SSE whose data is JSON but no completion chunk
+            await resp.write(b'data: [1, 2]\n\ndata: {"choices": [7]}\n\n')
         for word in ("forty", "-two"):
             chunk = {**doc, "choices": [{"index": 0, "text": word, "finish_reason": None}]}
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")

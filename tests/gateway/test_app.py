@@ -248,6 +248,22 @@ def test_a_broken_stream_ends_with_an_error_event(tmp_path: Path) -> None:
     run(tmp_path, scenario, mode="break")
 
 
+def test_a_stream_chunk_that_is_no_completion_ends_with_an_error_event(tmp_path: Path) -> None:
+    """An engine stream event that is JSON but no completion chunk ends the stream with an error event."""
+
+    async def scenario(c: httpx.AsyncClient, fake: FakeEngine, gw: Gateway) -> None:
+        async with c.stream(
+            "POST", "/v1/chat/completions", json={**CHAT, "stream": True}, headers=auth()
+        ) as r:
+            assert r.status_code == 200
+            events = [line[6:] async for line in r.aiter_lines() if line.startswith("data: ")]
+        assert "error" in json.loads(events[-1])
+        text = (await c.get("/metrics")).text
+        assert 'outcome="upstream_error",route="chat",tenant="acme"} 1.0' in text
+
+    run(tmp_path, scenario, mode="badchunk")
+
+
 def test_an_unknown_model_gets_404(tmp_path: Path) -> None:
     """A request naming a model other than the one served gets 404 and reaches no engine."""
 

@@ -459,5 +459,5 @@ def test_help_shows_each_default_and_variable(capsys: pytest.CaptureFixture[str]
 
 def test_policy_check_takes_the_policy_size_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """semgov policy check --max-policy-bytes reports an oversized policy file."""
-    assert main(["policy", "check", str(DEFAULT_POLICY_DIR), "--max-policy-bytes", "100"]) == 1
+    assert main(["policy", "check", str(DEFAULT_POLICY_DIR), "--max-policy-bytes", "100"]) == 2
     assert "max_policy_bytes = 100" in capsys.readouterr().out

@@ -39,7 +39,7 @@ def test_yaml_problems_are_all_reported_in_file_order(
 ) -> None:
     """Three mistakes: three file:line diagnostics, sorted by line, a misspelt key with its fix."""
     d = broken_yaml(tmp_path)
-    assert main(["policy", "check", str(d)]) == 1
+    assert main(["policy", "check", str(d)]) == 2
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1].endswith("3 problem(s), 0 warning(s)")
     assert "similarty: unknown key (did you mean 'similarity'?)" in lines[0]
@@ -76,7 +76,7 @@ def test_rego_settings_of_the_wrong_type_are_refused(
     (d / "policy.rego").write_text(text)
     with pytest.raises(PolicyError, match="`allow_shifted` must be a boolean"):
         load_rego_policy(d)
-    assert main(["policy", "check", str(d)]) == 1
+    assert main(["policy", "check", str(d)]) == 2
     out = capsys.readouterr().out
     assert "`similarity_min` must be a number" in out and "2 problem(s)" in out
 

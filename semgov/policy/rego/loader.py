@@ -284,8 +284,9 @@ def load_rego_policy(directory: Path, *, limits: Limits | None = None) -> RegoPo
     diags = lint(directory, with_tests=False, limits=lim)
     if diags:
         d = diags[0]
-        more = f" [and {len(diags) - 1} more problem(s); run `semgov policy check`]" if len(diags) > 1 else ""
-        raise PolicyError(d.message + more, source=d.file, line=d.line)
+        more = f" [and {len(diags) - 1} more problem(s)]" if len(diags) > 1 else ""
+        others = tuple(PolicyError(x.message, source=x.file, line=x.line) for x in diags[1:])
+        raise PolicyError(d.message + more, source=d.file, line=d.line, others=others)
     modules, tests = rego_files(directory, limits=lim)
     eng = regorus.Engine()
     for name, text in modules.items():

@@ -17,6 +17,7 @@ import difflib
 import hashlib
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -344,6 +345,12 @@ def _require_end(text: str, source: str) -> None:
     )
 
 
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` naming the choice closest to a mistyped key, or nothing."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _known_keys(loc: tuple[Any, ...]) -> list[str]:
     """The keys the policy schema allows in the mapping at ``loc`` (its parent's fields)."""
     model: Any = Policy
@@ -366,10 +373,7 @@ def _problem(err: Any, source: str, lines: Any) -> PolicyError:
     field = ".".join(str(p) for p in loc)
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
-        msg = "unknown key"
-        close = difflib.get_close_matches(str(loc[-1]), _known_keys(loc[:-1]), n=1, cutoff=0.6)
-        if close:
-            msg += f" (did you mean {close[0]!r}?)"
+        msg = "unknown key" + did_you_mean(str(loc[-1]), _known_keys(loc[:-1]))
     elif err["type"] == "missing":
         msg = "required key is missing"
     else:
