@@ -1,6 +1,7 @@
 """Time and size of `semgov audit report` on large logs (issue 18: 100k and 1M records).
 
 Usage: python benchmarks/audit_report.py [--records 100000] [--dir DIR] [--out report.html] [--workers 2]
+       [--smoke]
 
 Builds (or reuses, with --dir) a log of real signed records: `semgov.decision/v3` records made from
 real decisions of the example workload (examples/captured.jsonl.gz, the default policy), varied over
@@ -9,7 +10,9 @@ a sharing rule, denies), each with a fresh decision id and signed again with the
 key; a `realization` engine event for half of the allows, a few `realization_failed`, two
 `policy_loaded` and one `reuse_disabled`. Then runs `semgov audit report` with the public key and
 prints the time to verify, the time to summarize (the one streaming pass), the page's size and the
-process's peak memory, between two machine baselines.
+process's peak memory, between two machine baselines. ``--smoke``: 200 decisions, quick baselines
+(every step, the report included, in seconds; the figures mean nothing); the templates are decided
+without the PII scan (Presidio's load alone takes about 10 s).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._machine import baseline  # noqa: E402
+from benchmarks._smoke import NoPii  # noqa: E402
 from semgov import Evaluator, Keyring, load_policy, load_signing_key  # noqa: E402
 from semgov.audit.store import AuditLog  # noqa: E402
 from semgov.intake.capture import read_captured  # noqa: E402
@@ -42,10 +46,15 @@ EX = ROOT / "examples"
 START = datetime(2026, 11, 1, tzinfo=UTC)
 
 
-def templates(key: SigningKey) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def templates(key: SigningKey, smoke: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A real allow and real denies of the example workload (one per set of failing gates, at most
-    six), unsigned."""
-    ev = Evaluator(load_policy(ROOT / "policies" / "default"), Keyring.load(EX / "keyring.json"), key)
+    six), unsigned (``smoke``: decided without a PII scan)."""
+    ev = Evaluator(
+        load_policy(ROOT / "policies" / "default"),
+        Keyring.load(EX / "keyring.json"),
+        key,
+        pii_scanner=NoPii() if smoke else None,
+    )
     allow: dict[str, Any] | None = None
     denies: dict[tuple[str, ...], dict[str, Any]] = {}
     for req in read_captured(EX / "captured.jsonl.gz"):
@@ -86,8 +95,8 @@ def variant(i: int, n: int, allow: dict[str, Any], denies: list[dict[str, Any]])
     return rec
 
 
-def build(d: Path, n: int, key: SigningKey) -> None:
-    allow, denies = templates(key)
+def build(d: Path, n: int, key: SigningKey, smoke: bool = False) -> None:
+    allow, denies = templates(key, smoke)
     t = time.perf_counter()
     with AuditLog.open(d, signing_key=key, origin="semgov/bench", checkpoint_every=100_000) as log:
         for kind, detail in (("policy_loaded", "live default@1"), ("policy_loaded", "shadow default@2")):
@@ -128,16 +137,19 @@ def main() -> int:
     ap.add_argument("--dir", type=Path, help="log directory to build or reuse (default: a temporary one)")
     ap.add_argument("--out", type=Path, help="the report (default: report.html beside the log)")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true", help="200 decisions: every step, in seconds")
     args = ap.parse_args()
+    if args.smoke:
+        args.records = 200
     tmp = None
     d = args.dir
     if d is None:
         tmp = tempfile.TemporaryDirectory()
         d = Path(tmp.name) / "log"
-    print(baseline(d.parent if d.parent.exists() else Path.cwd()), flush=True)
+    print(baseline(d.parent if d.parent.exists() else Path.cwd(), quick=args.smoke), flush=True)
     key = load_signing_key(EX / "keys" / "decision-signing-key.pem")
     if not (d / "records.log").exists():
-        build(d, args.records, key)
+        build(d, args.records, key, args.smoke)
     out = args.out or d.parent / "report.html"
     cmd = [
         sys.executable,
@@ -163,7 +175,7 @@ def main() -> int:
         f"audit report: {took:.1f} s wall, exit {run.returncode}, peak RSS {peak:,.0f} MiB, "
         f"page {out.stat().st_size / 1e3:,.0f} kB"
     )
-    print(baseline(d.parent), flush=True)
+    print(baseline(d.parent, quick=args.smoke), flush=True)
     if tmp is not None:
         tmp.cleanup()
     return 0 if run.returncode == 0 else 1

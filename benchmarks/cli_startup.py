@@ -1,6 +1,6 @@
 """Start-up time of the command line, as a ratio to a bare Python start, measured in one run.
 
-Usage: python benchmarks/cli_startup.py [--n 20]
+Usage: python benchmarks/cli_startup.py [--n 20] [--smoke]
 
 Each command is run ``--n`` times as a fresh process, interleaved with the baseline
 ``python -c 'import argparse'`` (the floor: the interpreter and argparse, nothing of semgov).
@@ -9,6 +9,8 @@ baseline's median (the target for ``--version`` and ``--help``: at most 4x). Com
 installed ``semgov`` script (``python -m semgov.cli.main`` without one) with ``--version``,
 ``--help``, ``audit show`` and ``audit stats`` on a 200-record audit log made here, and
 ``policy check policies/default`` (a command that loads a policy, for comparison).
+``--smoke``: each command once, without the file-cache warm-up pass (seconds; the figures mean
+nothing).
 """
 
 from __future__ import annotations
@@ -53,7 +55,10 @@ def wall(cmd: list[str]) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=20, help="runs of each command (default 20)")
+    ap.add_argument("--smoke", action="store_true", help="each command once, no warm-up: in seconds")
     args = ap.parse_args()
+    if args.smoke:
+        args.n = 1
     script = shutil.which("semgov")
     semgov = [script] if script else [sys.executable, "-m", "semgov.cli.main"]
     with tempfile.TemporaryDirectory(prefix="semgov-startup-") as tmp:
@@ -67,7 +72,7 @@ def main() -> int:
             "semgov policy check policies/default": [*semgov, "policy", "check", "policies/default"],
         }
         times: dict[str, list[float]] = {k: [] for k in runs}
-        for cmd in runs.values():
+        for cmd in runs.values() if not args.smoke else ():
             wall(cmd)  # warm the file cache
         for _ in range(args.n):
             for name, cmd in runs.items():

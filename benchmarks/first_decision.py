@@ -1,6 +1,6 @@
 """First-decision latency after start-up, with and without the decision path's warm-up (issue 32).
 
-Usage: python benchmarks/first_decision.py [--n 6] [--process 1] [--json out.json]
+Usage: python benchmarks/first_decision.py [--n 6] [--process 1] [--json out.json] [--smoke]
 
 Each trial is a fresh Python process (the costs measured are per process: lazy imports, the PII
 scanner's models, the policy engine's first evaluation, the first signatures), alternating
@@ -13,6 +13,7 @@ path is done (``wait_idle``: with the warm-up, the warm-up), registers one donor
 recipient from ``decide_later`` to ``done`` (polled every 0.1 ms, as the scheduler polls it), then a
 second recipient (the steady state). Prints per arm the median, min and max of each, and how many
 first decisions took longer than the 100 ms deadline (the engine then runs the request cold).
+``--smoke``: one trial per arm (two fresh processes, seconds; the figures mean nothing).
 """
 
 from __future__ import annotations
@@ -93,7 +94,10 @@ def main() -> int:
     )
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--child", choices=("0", "1"), default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--smoke", action="store_true", help="one trial per arm: both arms, in seconds")
     a = ap.parse_args()
+    if a.smoke:
+        a.n = 1
     if a.child is not None:
         print(json.dumps(_trial(a.child == "1", bool(a.process), a.policy)))
         return 0

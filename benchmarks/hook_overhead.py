@@ -35,8 +35,12 @@ other processes, a CPU forward pass, semgov's decision process, other threads). 
 lower bound of semgov's scheduler-thread time per realized recipient; the other modes measure it
 in place.
 
+``--smoke``: n=7 (5 of them warm-up), 400 evidence tokens, rounds of 2, then ``--floor`` with 10
+calls per operation and its decision on the harness's thread, all in one process (seconds after
+SGLang's import; the figures mean nothing; ``--process``, the decision process, is not run).
+
 Usage: ``python benchmarks/hook_overhead.py [--n 200] [--evidence 400,3000] [--round 8] [--process]
-[--floor]``. Prints p50/p99 µs.
+[--floor] [--smoke]``. Prints p50/p99 µs.
 Donors are registered synchronously (their PII scan is not on any recipient's path).
 """
 
@@ -194,8 +198,12 @@ def run_rounds(
     return sched, checks / (rounds * k)
 
 
-def floor(evidence: int) -> list[tuple[str, float, int]]:
-    """``(operation, hot µs per call, calls per realized recipient)`` for one realized recipient."""
+def floor(
+    evidence: int, number: int = 200, repeat: int = 5, process: bool = True
+) -> list[tuple[str, float, int]]:
+    """``(operation, hot µs per call, calls per realized recipient)`` for one realized recipient:
+    the best of ``repeat`` timings of ``number`` calls each (decisions in the decision process, or
+    with ``process`` False on the harness's thread)."""
     import timeit
 
     import numpy as np
@@ -207,7 +215,7 @@ def floor(evidence: int) -> list[tuple[str, float, int]]:
     from tests.sglang_hook.scenario import blocks
 
     tmp = Path(tempfile.mkdtemp(prefix="semgov-hook-bench-"))
-    h = hc.Harness(hc.publish_runtime(), hc.make_hook_files(tmp), size=1 << 17, **_env(True))
+    h = hc.Harness(hc.publish_runtime(), hc.make_hook_files(tmp), size=1 << 17, **_env(process))
     tree = h.tree
     try:
         b = blocks(seed=1, e_len=evidence)
@@ -275,12 +283,23 @@ def floor(evidence: int) -> list[tuple[str, float, int]]:
         for label, fn, calls in ops + reference:
             for _ in range(20):
                 fn()
-            n = 200
-            best = min(timeit.repeat(fn, number=n, repeat=5)) / n * 1e6
+            best = min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
             out.append((label, best, calls))
         return out
     finally:
         h.close()
+
+
+def print_floor(evidence: list[int], number: int = 200, repeat: int = 5, process: bool = True) -> None:
+    """``--floor``: each scheduler-thread operation of one realized recipient, hot and alone."""
+    for ev in evidence:
+        ops = floor(ev, number, repeat, process)
+        print(f"evidence {ev}: one realized recipient, each operation hot and alone (min of {repeat} runs)")
+        for label, us, calls in ops:
+            print(f"  {us:8.1f} us x {calls}  {label}" if calls else f"  {us:8.1f} us      ({label})")
+        total = sum(us * calls for _, us, calls in ops)
+        alloc = next(us for label, us, _ in ops if "allocate" in label)
+        print(f"  {total:8.1f} us   sum; {total - alloc:.1f} us without the allocation SGLang makes anyway")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,23 +309,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--round", type=int, default=0, help="also admit K recipients per round (0: no)")
     ap.add_argument("--process", action="store_true", help="decide in the decision process (as a server)")
     ap.add_argument("--floor", action="store_true", help="each operation timed alone and hot, summed")
+    ap.add_argument("--smoke", action="store_true", help="n=7, 400 tokens, rounds of 2, then a short --floor")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.n, args.evidence, args.round, args.floor = 7, "400", 2, False
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    evidence = [int(x) for x in args.evidence.split(",")]
     if args.floor:
         os.sched_setaffinity(0, {0})
-        for ev in (int(x) for x in args.evidence.split(",")):
-            ops = floor(ev)
-            print(f"evidence {ev}: one realized recipient, each operation hot and alone (min of 5 runs)")
-            for label, us, calls in ops:
-                print(f"  {us:8.1f} us x {calls}  {label}" if calls else f"  {us:8.1f} us      ({label})")
-            total = sum(us * calls for _, us, calls in ops)
-            alloc = next(us for label, us, _ in ops if "allocate" in label)
-            print(
-                f"  {total:8.1f} us   sum; {total - alloc:.1f} us without the allocation SGLang makes anyway"
-            )
+        print_floor(evidence)
         return 0
     print(f"{'evidence':>8} {'stage':<8} {'p50':>9} {'p99':>9}       n  (us; 'decided' in ms, off-thread)")
-    for ev in (int(x) for x in args.evidence.split(",")):
+    for ev in evidence:
         res = run(args.n, ev, args.process)
         for stage, xs in res.items():
             print(f"{ev:>8} {stage:<8} {_q(xs, 0.5):>9.0f} {_q(xs, 0.99):>9.0f} {len(xs):>7}")
@@ -314,11 +328,13 @@ def main(argv: list[str] | None = None) -> int:
         k, rounds = args.round, max(1, args.n // args.round)
         print(f"admission in rounds of {k} ({rounds} rounds): semgov scheduler-thread us per recipient")
         print(f"{'evidence':>8} {'guard':<10} {'p50':>9} {'p99':>9} {'checks/req':>10}       n")
-        for ev in (int(x) for x in args.evidence.split(",")):
+        for ev in evidence:
             for in_round, label in ((False, "per-real"), (True, "per-round")):
                 xs, per = run_rounds(rounds, k, ev, in_round, args.process)
                 p50, p99 = _q(xs, 0.5), _q(xs, 0.99)
                 print(f"{ev:>8} {label:<10} {p50:>9.0f} {p99:>9.0f} {per:>10.2f} {len(xs):>7}")
+    if args.smoke:
+        print_floor(evidence, number=10, repeat=1, process=False)
     return 0
 
 

@@ -2,7 +2,10 @@
 
 Usage: python benchmarks/hostile.py [--budget 100000] [--seed 20261129] [--targets a,b,...]
        [--time-limit-ms 2000] [--engine auto|yaml|regorus] [--jobs 2] [--save DIR]
-       [--semantic N [--semantic-only]]
+       [--semantic N [--semantic-only]] [--smoke]
+
+``--smoke``: ``--budget 400 --targets checkpoint,rego_policy`` (every engine, its workers, the
+table and the last line, in seconds; the other targets are not run, and 400 inputs find little).
 
 ``--semantic N`` adds the semantic mode (``benchmarks/hostile_semantic.py``): N well-formed,
 validly signed inputs whose meaning differs from what was signed (task pairs that join alike,
@@ -98,12 +101,16 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                         "well-formed, validly signed inputs whose meaning differs from what was signed; "
                         "each must be denied")  # fmt: skip
     p.add_argument("--semantic-only", action="store_true", help="run only the semantic mode (--semantic N)")
+    p.add_argument("--smoke", action="store_true", help="--budget 400 --targets checkpoint,rego_policy")
     # Internal: one worker process.
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--job", help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
     p.add_argument("--stats", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.budget, args.targets = 400, "checkpoint,rego_policy"
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

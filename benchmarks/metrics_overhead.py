@@ -1,6 +1,6 @@
 """What the hook's Prometheus metrics cost per decision and per engine event.
 
-Usage: python benchmarks/metrics_overhead.py [--n 20000] [--core 0]
+Usage: python benchmarks/metrics_overhead.py [--n 20000] [--core 0] [--smoke]
 
 Times :class:`~engine_hooks.core.metrics.HookMetrics` calls as the hook makes them, in two
 modes, each in a fresh interpreter: in memory (no ``PROMETHEUS_MULTIPROC_DIR``: SGLang without
@@ -12,6 +12,8 @@ does: every write goes to a memory-mapped file). Per call, p50/p99 over ``--n`` 
 - ``event``: one ``realization`` event, the only metrics work on the scheduler thread;
 - a baseline in the same process: a bare Python ``dict`` update per call (the floor for
   "doing anything at all"), and the machine baseline (fsync, Ed25519, SHA-256, load).
+
+``--smoke``: n=200 and quick baselines (both modes, in seconds; the figures mean nothing).
 """
 
 from __future__ import annotations
@@ -69,11 +71,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=20000, help="calls per figure (default 20000)")
     ap.add_argument("--core", type=int, default=None, help="pin to this core (children inherit it)")
+    ap.add_argument("--smoke", action="store_true", help="n=200: both modes, in seconds")
     args = ap.parse_args()
+    if args.smoke:
+        args.n = 200
     if args.core is not None:
         os.sched_setaffinity(0, {args.core})
     with tempfile.TemporaryDirectory(prefix="semgov-prom-", dir=ROOT) as tmp:
-        print(baseline(Path(tmp)))
+        print(baseline(Path(tmp), quick=args.smoke))
         print(f"n={args.n} calls per figure, p50 / p99 in us")
         for label, mp in (("in memory", None), ("exported (multiprocess files)", Path(tmp))):
             r = run(args.n, mp)
@@ -82,7 +87,7 @@ def main() -> int:
                 f"{label:<30} floor {fl[0]:.2f} / {fl[1]:.2f}   decision {de[0]:.2f} / {de[1]:.2f}"  # type: ignore[index]
                 f"   event {ev[0]:.2f} / {ev[1]:.2f}"  # type: ignore[index]
             )
-        print(baseline(Path(tmp)))
+        print(baseline(Path(tmp), quick=args.smoke))
     return 0
 
 

@@ -1,6 +1,6 @@
 """What the policy lifecycle costs in the SGLang hook: capture, shadow and hot reload.
 
-Usage: python benchmarks/policy_lifecycle.py [--n 400] [--tokens 650] [--reloads 20] [--core 0]
+Usage: python benchmarks/policy_lifecycle.py [--n 400] [--tokens 650] [--reloads 20] [--core 0] [--smoke]
 
 A real :class:`~engine_hooks.core.governor.Governor` (the hook without SGLang: the parts the
 scheduler calls) decides on its decision thread in this process (``SEMGOV_DECISION_PROCESS=0``,
@@ -25,6 +25,11 @@ end to end with the file watcher (poll 100 ms): atomic rename of a new policy ->
 live revision changes (p50/max), i.e. what a policy author waits for.
 
 A machine baseline (fsync, Ed25519, SHA-256, load) is printed before and after.
+
+``--smoke``: n=3 (one warm-up request per arm), 300 tokens, 2 direct reloads, quick baselines, and
+donors without text (``SEMGOV_DETOKENIZER=none``: no Presidio load, which alone takes about 10 s;
+the default policy then denies every candidate): every arm and the reloads in seconds, the
+figures meaning nothing.
 """
 
 from __future__ import annotations
@@ -64,8 +69,9 @@ def tokens(seed: int, n: int) -> list[int]:
     return [1000 + (seed * 7919 + i * 104729) % 40000 for i in range(n)]
 
 
-def files(work: Path) -> dict[str, str]:
-    """Keys, keyring, context key, the default policy and its stricter copy, on disk."""
+def files(work: Path, smoke: bool = False) -> dict[str, str]:
+    """Keys, keyring, context key, the default policy and its stricter copy, on disk (``smoke``:
+    donors without text, so no PII scan)."""
     priv, pub = generate_keypair(work / "keys")
     trust = work / "keyring.json"
     trust.write_text(
@@ -85,7 +91,7 @@ def files(work: Path) -> dict[str, str]:
         "SEMGOV_SIGNING_KEY": str(priv),
         "SEMGOV_CONTEXT_KEY": str(work / "context.key"),
         "SEMGOV_CONTEXT_AUDIENCE": "semgov-bench",
-        "SEMGOV_DETOKENIZER": DETOK,
+        "SEMGOV_DETOKENIZER": "none" if smoke else DETOK,
         "SEMGOV_DECISION_PROCESS": "0",
         "SEMGOV_ASYNC_REGISTRATION": "1",
         "SEMGOV_DECISION_TIMEOUT_MS": "30000",
@@ -186,13 +192,16 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=650, help="prompt length (default 650)")
     ap.add_argument("--reloads", type=int, default=20, help="direct reloads timed (default 20)")
     ap.add_argument("--core", type=int, default=None, help="pin the process to this core")
+    ap.add_argument("--smoke", action="store_true", help="n=3, 300 tokens, no PII scan: in seconds")
     args = ap.parse_args()
+    if args.smoke:
+        args.n, args.tokens, args.reloads = 3, 300, 2
     if args.core is not None:
         os.sched_setaffinity(0, {args.core})
     work = Path(tempfile.mkdtemp(prefix="semgov-lifecycle-", dir=ROOT))
     try:
-        print(baseline(work))
-        env = files(work)
+        print(baseline(work, quick=args.smoke))
+        env = files(work, args.smoke)
         arms: dict[str, dict[str, str]] = {
             "plain": {},
             "capture": {"SEMGOV_CAPTURE_DIR": str(work / "capture"), "SEMGOV_CAPTURE_RATE": "1"},
@@ -212,7 +221,7 @@ def main() -> int:
         for name, over in arms.items():
             gov = governor(env, work / f"audit-{name}", **over)
             try:
-                run_arm(gov, 5, args.tokens)  # warm-up: PII scanner, caches
+                run_arm(gov, 1 if args.smoke else 5, args.tokens)  # warm-up: PII scanner, caches
                 r = run_arm(gov, args.n, args.tokens)
                 extra = capture_costs(gov) if "SEMGOV_CAPTURE_DIR" in over else ""
             finally:
@@ -222,7 +231,7 @@ def main() -> int:
                 f"{r['live_p99_ms']:>9.2f}{r['busy_ms']:>13.2f}  {extra}"
             )
         print(reload_costs(env, work, args.reloads))
-        print(baseline(work))
+        print(baseline(work, quick=args.smoke))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

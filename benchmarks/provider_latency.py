@@ -1,7 +1,7 @@
 """Donor candidate provider latency: MinHashProvider query and add, on one core.
 
 Usage: python benchmarks/provider_latency.py [--sizes 2048 8192] [--donors 100 1000] [--n 300]
-       [--core 0] [--repeat 3]
+       [--core 0] [--repeat 3] [--smoke]
 
 One scope holds --donors donors (prompts of --sizes tokens; every fourth shares the query's
 evidence behind its own 200-token wrapper, so queries return real matches). Timed per call, with
@@ -11,6 +11,8 @@ the token ids as a Python list (what the hook passes): ``query(..., limit=8)`` f
 Prints p50/p99 in microseconds per row; each row is run --repeat times and the run with the
 lowest query p99 is shown (the machine is shared: the minimum filters interference, not the
 code's own cost). The default provider settings are used (128 permutations, 8-token shingles).
+``--smoke``: 512 tokens, 12 donors, n=20, one run (every column, in seconds; the figures mean
+nothing).
 """
 
 from __future__ import annotations
@@ -84,7 +86,10 @@ def main() -> int:
     ap.add_argument(
         "--repeat", type=int, default=3, help="runs per row; the one with the lowest query p99 is shown"
     )
+    ap.add_argument("--smoke", action="store_true", help="512 tokens, 12 donors, n=20: in seconds")
     args = ap.parse_args()
+    if args.smoke:
+        args.sizes, args.donors, args.n, args.repeat = [512], [12], 20, 1
     if args.core >= 0:
         os.sched_setaffinity(0, {args.core})
     print(

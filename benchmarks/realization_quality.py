@@ -25,6 +25,11 @@ run), the summary to ``OUT/summary.json`` and the terminal.
 
 Usage: ``python benchmarks/realization_quality.py --model qwen2.5-coder-0.5b --pairs 40 --tokens
 2000 --out /tmp/rq-q05`` (about 55 s per pair with eight methods on 2 cores; the 1.5B about 3x).
+
+``--smoke``: the tiny random two-layer Llama (``--model tiny``), one pair per cohort of 400 tokens,
+three methods, 4 answer tokens, one thread, no warm-up, decided without the PII scan (Presidio's
+load alone takes about 10 s): the whole run, ``summary.json`` included, in seconds, but a random
+model's answers say nothing about quality.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._smoke import NoPii  # noqa: E402
 from semgov.stats import wilson  # noqa: E402
 
 DEFAULT_METHODS = (
@@ -177,7 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--resume", action="store_true", help="keep OUT/pairs.jsonl's rows and run the rest")
+    ap.add_argument("--smoke", action="store_true", help="the tiny random model, one 400-token pair: seconds")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.model, args.pairs, args.tokens, args.max_new_tokens = "tiny", 1, 400, 4
+        args.methods, args.floor_pairs, args.threads = "none,trailing:64,selective:20%", 1, 1
 
     from engine_hooks.reference import realize
     from engine_hooks.reference.bench import Bench, BenchConfig, _pin_threads, load_model
@@ -205,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(cfg, lm)
     # NOTE: decided with shifted spans on and nothing planned (what calibration tries): the default
     # policy turns them off, and every method plans the same approved spans its own way.
-    trial = Evaluator(trial_policy(bench.policy), bench.keys.keyring, bench.keys.decision)
+    # NOTE: smoke: no PII scan (NoPii), whose load alone takes about 10 s
+    pii = NoPii() if args.smoke else None
+    trial = Evaluator(trial_policy(bench.policy), bench.keys.keyring, bench.keys.decision, pii_scanner=pii)
     progress = args.out / "pairs.jsonl"
     done: dict[str, dict[str, Any]] = {}
     if args.resume and progress.exists():
@@ -220,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     denied = 0
     try:
-        bench.warm_up(builder.pair(cohorts[0], 0).request)
+        if not args.smoke:  # NOTE: the warm-up loads Presidio
+            bench.warm_up(builder.pair(cohorts[0], 0).request)
         for i, pair in enumerate(builder.pairs(args.pairs, cohorts)):
             if pair.pair_id in done:
                 rows.append(done[pair.pair_id])

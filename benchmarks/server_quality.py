@@ -461,7 +461,7 @@ def problems(rows: list[dict[str, Any]]) -> list[str]:
 # ---- main -----------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", choices=("sglang", "vllm"), default="sglang")
     ap.add_argument("--model", default="smollm2-135m")
@@ -494,27 +494,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--audit-wait-ms", type=int, default=1000)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--resume", action="store_true")
-    args = ap.parse_args(argv)
-    import signal
-
-    # NOTE: a TERM (a timeout, a kill) unwinds through the `finally` that stops the server's process group.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-
-    from transformers import AutoTokenizer
-
-    from engine_hooks.reference.bench_workload import (
-        BenchKeys,
-        TextTokenizer,
-        WorkloadBuilder,
-        evidence_budget,
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="no server: one pair per cohort built with the tiny model's tokenizer, a synthetic result "
+        "summarized and written as a run would be (seconds)",
     )
-    from engine_hooks.reference.model import server_dir
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.pairs, args.other_pairs, args.deny_pairs, args.warmup, args.tokens = 1, 1, 1, 0, 400
+    return args
 
-    t0 = time.perf_counter()
-    model_dir = server_dir(args.model)
-    tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    tz = TextTokenizer(tok)
-    builder = WorkloadBuilder(tz, evidence_budget(tz, args.tokens), BenchKeys.generate(), seed=args.seed)
+
+def _pairs(builder: Any, args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
+    """The pairs to measure, cohorts interleaved, and the warm-up pairs."""
     plan = [(c, args.pairs) for c in ("shifted", "removed_wrapper")]
     plan += [(c, args.other_pairs) for c in ("exact", "question")]
     plan += [(c, args.deny_pairs) for c in DENY_COHORTS]
@@ -527,21 +520,26 @@ def main(argv: list[str] | None = None) -> int:
                 pairs.append(replace(builder.pair("shifted", 1000 + k), cohort="other_tenant"))
             else:
                 pairs.append(builder.pair(c, k))
-    warm = [builder.pair("shifted", 2000 + k) for k in range(args.warmup)]
-    args.out.mkdir(parents=True, exist_ok=True)
+    return pairs, [builder.pair("shifted", 2000 + k) for k in range(args.warmup)]
+
+
+def _serve(
+    args: argparse.Namespace,
+    model_dir: Path,
+    work: Path,
+    slot: PolicySlot,
+    todo: tuple[list[Any], list[Any]],
+    tok: Any,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The warm-up pairs, then every pair, through one real server: the rows (with those of
+    ``--resume``) and problems."""
+    pairs, warm = todo
     progress = args.out / "pairs.jsonl"
     done: dict[str, dict[str, Any]] = {}
     if args.resume and progress.exists():
         done = {(r := json.loads(x))["pair"]: r for x in progress.read_text().splitlines()}
     else:
         progress.write_text("")
-    work = Path(tempfile.mkdtemp(prefix=f"semgov-quality-{args.engine}-"))
-    governed = GOVERNED_POLICY
-    if args.shifted_on:
-        governed = work / "governed-shifted-on.rego"
-        governed.write_text(shifted_on_policy(args.plan))
-    slot = PolicySlot(work / "policy", governed)
-    slot.put(governed)
     engine_cls = SglangEngine if args.engine == "sglang" else VllmEngine
     engine = engine_cls(model_dir, work / "server", slot.dir, args)
     rows = list(done.values())
@@ -573,7 +571,80 @@ def main(argv: list[str] | None = None) -> int:
     why = verify_audit(engine.files)
     if why is not None:
         bad.append(f"audit log does not verify: {why}")
+    shutil.copytree(engine.files.audit_dir, args.out / "audit", dirs_exist_ok=True)
+    return rows, bad
+
+
+def synthetic_row(pair: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """``--smoke``: the row :func:`run_pair` would write for ``pair`` had every arm answered as cold
+    did and the governed arm realized the evidence where its cohort allows (no server)."""
+    value = " ".join(pair.required)
+    allowed = pair.cohort in ALLOW_COHORTS
+    reused = len(pair.recipient.token_ids) // 2 if allowed else 0
+    arm = {
+        "ok": True, "error": None, "ttft_ms": 50.0, "ttft_ratio": 0.5, "answer": value, "changed": False,
+        "lost": [], "gained": [], "correct": True, "realized": reused, "realizations": int(allowed),
+        "failed": [], "decisions": ["allow" if allowed else "deny"], "approved": reused,
+    }  # fmt: skip
+    if pair.cohort in NEVER_CANDIDATES:
+        arm.update(realized=0, realizations=0, decisions=[], approved=0, ttft_ratio=1.0)
+    arms = {"governed": arm}
+    if "similarity" in args.arms and pair.cohort not in NEVER_CANDIDATES:
+        arms["similarity_only"] = dict(arm)
+    return {
+        "pair": pair.pair_id, "cohort": pair.cohort, "expect": pair.expect,
+        "tokens": len(pair.recipient.token_ids), "required": pair.required,
+        "cold": {"ok": True, "ttft_ms": 100.0, "answer": value, "states_required": True, "error": None},
+        "cold_cold_identical": True, "arms": arms,
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    import signal
+
+    # NOTE: a TERM (a timeout, a kill) unwinds through the `finally` that stops the server's process group.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    from transformers import AutoTokenizer
+
+    from engine_hooks.reference.bench_workload import (
+        BenchKeys,
+        TextTokenizer,
+        WorkloadBuilder,
+        evidence_budget,
+    )
+    from engine_hooks.reference.model import load_model, server_dir
+
+    t0 = time.perf_counter()
+    if args.smoke:  # NOTE: no model directory (real weights, converted once): the tiny model's tokenizer
+        model_dir, tok = Path("-"), load_model("tiny").tokenizer
+    else:
+        model_dir = server_dir(args.model)
+        tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    tz = TextTokenizer(tok)
+    builder = WorkloadBuilder(tz, evidence_budget(tz, args.tokens), BenchKeys.generate(), seed=args.seed)
+    pairs, warm = _pairs(builder, args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"semgov-quality-{args.engine}-"))
+    governed = GOVERNED_POLICY
+    if args.shifted_on:
+        governed = work / "governed-shifted-on.rego"
+        governed.write_text(shifted_on_policy(args.plan))
+    slot = PolicySlot(work / "policy", governed)
+    slot.put(governed)
+    if args.smoke:
+        rows, bad = [synthetic_row(p, args) for p in pairs], []
+    else:
+        rows, bad = _serve(args, model_dir, work, slot, (pairs, warm), tok)
     bad += problems(rows)
+    code = _report(args, rows, bad, time.perf_counter() - t0)
+    shutil.rmtree(work, ignore_errors=True)
+    return code
+
+
+def _report(args: argparse.Namespace, rows: list[dict[str, Any]], bad: list[str], wall: float) -> int:
+    """``OUT/summary.json`` and the table; exit status 1 when something broke."""
     summary = summarize_rows(rows)
     doc = {
         "engine": args.engine,
@@ -585,22 +656,20 @@ def main(argv: list[str] | None = None) -> int:
             else "default"
         ),  # fmt: skip
         "args": {k: str(v) for k, v in vars(args).items()},
+        "smoke": args.smoke,
         "cohorts": summary,
         "problems": bad,
         "load_average": os.getloadavg()[0],
-        "wall_s": time.perf_counter() - t0,
+        "wall_s": wall,
     }
     (args.out / "summary.json").write_text(json.dumps(doc, indent=1) + "\n")
-    shutil.copytree(engine.files.audit_dir, args.out / "audit", dirs_exist_ok=True)
     version = "SGLang 0.5.23" if args.engine == "sglang" else "vLLM 0.32"
-    print(
-        f"{version}, {args.model} ({args.dtype}), real weights, governed by: {doc['governed_policy']} policy"
-    )
+    weights = "smoke: no server, a synthetic result" if args.smoke else "real weights"
+    print(f"{version}, {args.model} ({args.dtype}), {weights}, governed by: {doc['governed_policy']} policy")
     print(table(summary))
     print(f"load average {doc['load_average']:.2f}; wall {doc['wall_s']:.0f} s")
     for b in bad:
         print("PROBLEM:", b)
-    shutil.rmtree(work, ignore_errors=True)
     return 1 if bad else 0
 
 

@@ -1,7 +1,7 @@
 """Does governance stall decoding? Inter-token latency of a steady stream while governed requests arrive.
 
 Usage: ``python benchmarks/sglang_itl.py [--model tiny|smollm2-arch] [--burst 8] [--rounds 3]
-[--evidence 2048] [--stream-tokens 300] [--backends stock,semgov] [--tp 2]``
+[--evidence 2048] [--stream-tokens 300] [--backends stock,semgov] [--tp 2] [--smoke]``
 
 For each backend, one real SGLang 0.5.23 server on CPU (the rig's ``page1-overlap`` configuration;
 ``--tp 2``: its ``tp2`` configuration, two tensor-parallel ranks, one core each, where semgov's
@@ -21,6 +21,11 @@ same run (the machine baseline), the bursts' TTFT p50/p99, realizations (semgov)
 scheduler-thread time per governed request (p50/p99, from the cache's own counter written by
 the rig's plugin; SGLang's match and the K/V copy excluded). The ratio line compares burst-time
 ITL p99 semgov/stock. Figures depend on the machine: compare only within one run.
+
+``--smoke``: no server. The traffic's prompts are built (2 rounds of 2, 128 evidence tokens), and
+synthetic streams (a chunk every 10 ms, 12 ms while a burst is in flight), TTFTs and semgov's
+per-request log lines (in the plugin's format) go through the same gap, log-line and summary code
+into the table (seconds). Not run: the servers, the requests, the audit log.
 """
 
 from __future__ import annotations
@@ -130,15 +135,37 @@ def run_backend(backend: str, args: argparse.Namespace, work: Path) -> dict[str,
             audit = summarize(read_audit(server.files.audit_dir))
             out["realizations"] = len(audit.realizations)
             out["fallbacks"] = len(audit.failed)
-            rows = (
-                [ln.split() for ln in server.sched_log.read_text().splitlines()]
-                if server.sched_log.exists()
-                else []
-            )
-            out["sched_us"] = [int(r[0]) / 1e3 for r in rows]
-            out["decided_ms"] = [float(r[1]) * 1e3 for r in rows if float(r[1]) > 0]
-            out["held_ms"] = [float(r[2]) * 1e3 for r in rows if float(r[2]) > 0]
+            out.update(_sched(server.sched_log.read_text() if server.sched_log.exists() else ""))
         out["fatal"] = server.fatal_lines()
+    return out
+
+
+def _sched(text: str) -> dict[str, list[float]]:
+    """The rig plugin's per-request lines (scheduler-thread ns, decided s, held s): us and ms."""
+    rows = [ln.split() for ln in text.splitlines()]
+    return {
+        "sched_us": [int(r[0]) / 1e3 for r in rows],
+        "decided_ms": [float(r[1]) * 1e3 for r in rows if float(r[1]) > 0],
+        "held_ms": [float(r[2]) * 1e3 for r in rows if float(r[2]) > 0],
+    }
+
+
+def synthetic(backend: str, args: argparse.Namespace) -> dict[str, Any]:
+    """``--smoke``: what :func:`run_backend` returns, without a server: the same prompts, a stream
+    chunk every 10 ms (12 ms while the burst is in flight), made-up TTFTs and plugin lines."""
+    pairs = [pair_prompts(f"itl-{i}", e_len=args.evidence) for i in range(args.burst * args.rounds)]
+    for p in pairs:  # NOTE: the recipient's evidence is the donor's, moved: what semgov realizes
+        [(ds, de)] = [(s, e) for role, s, e in p.donor_segs if role == "evidence"]
+        assert p.recipient[p.evidence_start : p.evidence_start + p.evidence_len] == p.donor[ds:de]
+    idle = Result("idle", True, chunk_s=[i * 0.010 for i in range(args.stream_tokens)])
+    burst = Result("stream", True, chunk_s=[i * 0.012 for i in range(args.stream_tokens)])
+    end = burst.chunk_s[-1]
+    out: dict[str, Any] = {"failed": 0, "fatal": [], "idle_itl": _gaps(idle, 0.0, float("inf"))[1:]}
+    out["burst_itl"] = _gaps(burst, 0.0, end / 2) * args.rounds
+    out["ttft"] = [60.0 + i for i in range(len(pairs))]
+    if backend != "stock":
+        out.update(realizations=len(pairs), fallbacks=0)
+        out.update(_sched("".join(f"{400_000 + 1000 * i} 0.004 0.006\n" for i in range(len(pairs)))))
     return out
 
 
@@ -154,13 +181,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--tp", type=int, choices=(1, 2), default=1, help="tensor-parallel ranks (2: the rig's tp2 server)"
     )
+    ap.add_argument(
+        "--smoke", action="store_true", help="no server: the prompts, synthetic streams, the table"
+    )
     args = ap.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="semgov-itl-"))
-    res = {b: run_backend(b, args, work) for b in args.backends.split(",")}
+    if args.smoke:
+        args.burst, args.rounds, args.evidence, args.stream_tokens = 2, 2, 128, 40
+        res = {b: synthetic(b, args) for b in args.backends.split(",")}
+        where = "smoke: no server, a synthetic result"
+    else:
+        work = Path(tempfile.mkdtemp(prefix="semgov-itl-"))
+        res = {b: run_backend(b, args, work) for b in args.backends.split(",")}
+        where = f"work dir {work}"
     print(
         f"model {args.model}; {args.rounds} bursts of {args.burst} recipients ({args.evidence}-token "
-        f"evidence) under a {args.stream_tokens}-token stream; tp {args.tp}; work dir {work}"
+        f"evidence) under a {args.stream_tokens}-token stream; tp {args.tp}; {where}"
     )
+    return 0 if report(res) else 1
+
+
+def report(res: dict[str, dict[str, Any]]) -> bool:
+    """The table per backend and the semgov/stock ratios; False when a request failed."""
     print(f"{'backend':<8} {'ITL burst p50':>13} {'p99':>7} {'n':>5}   {'ITL idle p50':>12} {'p99':>7}"
           f" {'n':>5}   {'TTFT p50':>8} {'p99':>7}  realized  sched us p50/p99 (n)")  # fmt: skip
     ok = True
@@ -189,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         s99, g99 = _q(res["stock"]["burst_itl"], 0.99), _q(res["semgov"]["burst_itl"], 0.99)
         s50, g50 = (statistics.median(res[k]["burst_itl"]) for k in ("stock", "semgov"))
         print(f"burst ITL semgov/stock: p50 {g50 / s50:.2f}x, p99 {g99 / s99:.2f}x")
-    return 0 if ok else 1
+    return ok
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Side channels of reuse decisions: does latency reveal whether another tenant holds a similar donor?
 
-Usage: python benchmarks/side_channel.py [--n 2000] [--seed 1] [--quick] [--out FILE.json]
+Usage: python benchmarks/side_channel.py [--n 2000] [--seed 1] [--quick] [--smoke] [--out FILE.json]
 
 For each scenario, an attacker's probes fall in two classes and the per-probe latency of the
 timed region is collected for each class; the distinguishing advantage of a classifier on one
@@ -44,6 +44,10 @@ alike, because of the interleaving; it widens the distributions, it does not bia
 When a cross-tenant scenario's CI excludes 0.5 and |AUC - 0.5| > 0.05, the core path is run
 again with per-stage timing (facts without token verification, token verification
 ``find_spans``, policy engine, signing) and each stage's AUC is printed, to say which differs.
+
+``--quick``: n=300, a shorter warm-up and bootstrap (minutes). ``--smoke``: n=30, warm-up 5,
+bootstrap 50, 4 donors, 512-token core probes: every scenario, the hook's included, in seconds
+after SGLang's import (the AUCs mean nothing at that n).
 """
 
 from __future__ import annotations
@@ -566,6 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=2000, help="timed probes per class and scenario")
     ap.add_argument("--seed", type=int, default=1, help="seed of the workloads, the order and the bootstrap")
     ap.add_argument("--quick", action="store_true", help="n=300, warm-up 50, 200 bootstrap rounds")
+    ap.add_argument("--smoke", action="store_true", help="n=30, 4 donors, 512 tokens: seconds")
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     ap.add_argument("--core", type=int, default=0, help="CPU core to pin to (-1: no pinning)")
     ap.add_argument("--tokens", type=int, default=4096, help="prompt length of the core probes")
@@ -577,6 +582,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.n, args.warmup, args.boot = min(args.n, 300), min(args.warmup, 50), min(args.boot, 200)
+    if args.smoke:
+        args.n, args.warmup, args.boot, args.pool, args.tokens = 30, 5, 50, 4, 512
     if args.core >= 0:
         os.sched_setaffinity(0, {args.core})
     started = time.perf_counter()

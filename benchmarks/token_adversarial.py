@@ -2,6 +2,7 @@
 
 Usage: python benchmarks/token_adversarial.py [--sizes 8192,16384,33000,65536,131072,262144]
                                               [--n 30] [--budget 20] [--layouts a,b] [--check]
+                                              [--json FILE] [--smoke]
 
 Layouts (each at every size n; both prompts n tokens; ``min_span`` 32 unless named):
   blocks_seps        one 32-token block repeated, each copy followed by a distinct separator,
@@ -24,6 +25,10 @@ pair (the `shifted wrapper` case of benchmarks/token_verification.py).
 whose single candidate is the blocks_seps layout at --check-tokens, signed by an untrusted
 key, next to the same command on a normal request of the same size (shifted evidence).
 Pinned to one core.
+
+``--smoke``: every layout at 512 and 1,024 tokens, n=2, a baseline of 5 calls, and ``--check``
+once at 1,024 tokens (seconds; the figures mean nothing, and the sizes are far from where the
+growth exponent says anything).
 """
 
 from __future__ import annotations
@@ -179,8 +184,10 @@ def fmt_s(s: float) -> str:
     return f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
 
 
-def search_table(sizes: list[int], names: list[str], n: int, budget: float) -> dict[str, Any]:
-    base_ts, _, _ = time_layout(normal_pair(20_480), 200, 10.0)
+def search_table(
+    sizes: list[int], names: list[str], n: int, budget: float, base_n: int = 200
+) -> dict[str, Any]:
+    base_ts, _, _ = time_layout(normal_pair(20_480), base_n, 10.0)
     base = pct(base_ts, 0.5)
     print(f"machine baseline: normal shifted 20,480-token pair, p50 {base * 1e6:.0f} us (n={len(base_ts)})")
     print(
@@ -270,10 +277,14 @@ def main() -> int:
     ap.add_argument("--check-tokens", default="33000,40000")
     ap.add_argument("--check-repeat", type=int, default=3)
     ap.add_argument("--json", type=Path, metavar="FILE", help="also write the search table as JSON")
+    ap.add_argument("--smoke", action="store_true", help="512 and 1,024 tokens, n=2, --check once: seconds")
     args = ap.parse_args()
+    if args.smoke:
+        args.sizes, args.n, args.budget = "512,1024", 2, 1.0
+        args.check, args.check_tokens, args.check_repeat = True, "1024", 1
     os.sched_setaffinity(0, {0})
     sizes = [int(s) for s in args.sizes.split(",")]
-    result = search_table(sizes, args.layouts.split(","), args.n, args.budget)
+    result = search_table(sizes, args.layouts.split(","), args.n, args.budget, 5 if args.smoke else 200)
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1))
     if args.check:

@@ -98,13 +98,15 @@ def _only_errors(_: Any, method: str, event: MutableMapping[str, Any]) -> Mutabl
     return event
 
 
-def configure(fmt: str, *, quiet: bool | None = None) -> None:
+def configure(fmt: str, *, quiet: bool = False) -> None:
     """Configure structlog for the CLI: ``json`` for machine-readable logs, ``text`` for people
-    (applied when the first line is logged); ``quiet``: log errors only (None: leave as set)."""
+    (applied when the first line is logged); ``quiet``: log errors only.
+
+    NOTE: every call sets both: a ``--quiet`` run never leaves later configurations quiet (one
+    process runs many commands in tests, and a host may configure again)."""
     global _pending, _quiet
     _pending = fmt
-    if quiet is not None:
-        _quiet = quiet
+    _quiet = quiet
 
 
 def _apply(fmt: str) -> None:

@@ -659,18 +659,9 @@ def test_oracle_catches_a_middleware_that_passes_salts_it_cannot_scope(
 
 
 def test_command_prints_the_table_and_the_last_line(tmp_path: Path) -> None:
-    """`python benchmarks/hostile.py` runs every engine on two clean targets and ends with the summary."""
+    """`benchmarks/hostile.py --smoke` (400 inputs, two targets) runs every engine, ends with the summary."""
     out = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--budget",
-            "400",
-            "--targets",
-            "checkpoint,rego_policy",
-            "--save",
-            str(tmp_path),
-        ],
+        [sys.executable, str(SCRIPT), "--smoke", "--save", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=300,

@@ -160,7 +160,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from semgov import log
     from semgov.gateway import Gateway, GatewayConfig, Target
 
-    log.configure(args.log)
+    log.configure(args.log, quiet=bool(getattr(args, "quiet", False)))
     if not 0 < args.token_lifetime_s <= 86400:
         raise InputError("--token-lifetime-s must be between 1 and 86400")
     config = GatewayConfig(

@@ -51,3 +51,13 @@ def test_quiet_still_reports_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "nope.jsonl", *CHECK[2:], "-q"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "nope.jsonl" in captured.err
+
+
+def test_a_quiet_run_leaves_later_logging_alone() -> None:
+    """After a -q command, configuring the log again (another command in the process, a host) is not quiet."""
+    from semgov import log
+
+    assert main(["docs", "-q"]) == 0
+    assert log._quiet
+    log.configure("json")
+    assert not log._quiet
