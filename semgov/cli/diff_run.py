@@ -12,8 +12,7 @@ from typing import IO, Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from semgov import log
-from semgov.cli import diff_report
-from semgov.cli.diff_report import FAIL_ON, DiffReport, Located
+from semgov.cli.diff_report import FAIL_ON, DiffReport, Located, render_github, render_junit, render_sarif
 from semgov.cli.limit_flags import limits_from_args
 from semgov.decide import Evaluator
 from semgov.errors import InputError
@@ -88,8 +87,8 @@ def _render_ci(report: DiffReport, fmt: str) -> str:
     from semgov import __version__
 
     if fmt == "sarif":
-        return diff_report.render_sarif(report, __version__)
-    return diff_report.render_junit(report) if fmt == "junit" else diff_report.render_github(report)
+        return render_sarif(report, __version__)
+    return render_junit(report) if fmt == "junit" else render_github(report)
 
 
 def _policy_json(ev: Evaluator, path: Path) -> dict[str, str]:

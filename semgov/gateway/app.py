@@ -195,8 +195,9 @@ class Gateway:
         try:
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reloader.reload, "SIGHUP")
             self._hup = True
-        except (NotImplementedError, RuntimeError, ValueError, AttributeError):
-            pass  # NOTE: not the main thread, or no SIGHUP on this platform: the poll still reloads
+        except (NotImplementedError, RuntimeError, ValueError, AttributeError) as e:
+            # NOTE: not the main thread, or no SIGHUP on this platform: the poll still reloads.
+            get_logger().info("gateway reload on SIGHUP unavailable", why=describe_error(e))
 
     async def stop(self) -> None:
         if self._hup:
@@ -403,7 +404,7 @@ class Gateway:
                 if out.outcome == "timeout"
                 else "the engine broke off the stream"
             )
-            yield b"data: " + json.dumps(error_body(msg, "upstream_error", 502)).encode() + b"\n\n"
+            yield b"data: " + orjson.dumps(error_body(msg, "upstream_error", 502)) + b"\n\n"
         finally:
             resp.release()
             self.metrics.in_flight.dec()

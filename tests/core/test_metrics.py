@@ -21,12 +21,13 @@ import yaml
 
 from engine_hooks.core.governor import Governor
 from engine_hooks.core.metrics import BacklogSampler, HookMetrics, failure_reason, metric_names
+from semgov.gateway.metrics import GatewayMetrics
 from tests.core.files import HookFiles
 from tests.core.test_policy_lifecycle import decide, donate, governor, stricter, write_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "docs" / "monitoring"
-NAME = re.compile(r"\b(semgov:[a-z_]+)")
+NAME = re.compile(r"\b(semgov(?::|_gateway_)[a-z_]+)")
 
 
 def value(m: HookMetrics, name: str, **labels: str) -> float:
@@ -201,16 +202,37 @@ def _names_in(text: str) -> set[str]:
     return set(NAME.findall(text))
 
 
+def gateway_names() -> frozenset[str]:
+    """Every sample name the gateway's registry exports once each of its series has a value."""
+    m = GatewayMetrics.create()
+    m.requests.labels("acme", "chat", "ok").inc()
+    m.refusals.labels("bad_key").inc()
+    m.upstream_seconds.labels("chat").observe(0.1)
+    m.prepare_seconds.labels("chat").observe(0.001)
+    m.reloads.labels("ok").inc()
+    m.captured.labels("queued").inc()
+    return frozenset(s.name for fam in m.registry.collect() for s in fam.samples)
+
+
+def exported_names() -> frozenset[str]:
+    """What the shipped dashboard and rules may name: the hook's series and the gateway's."""
+    return metric_names() | gateway_names()
+
+
 def test_the_dashboard_names_only_exported_metrics() -> None:
-    """The Grafana dashboard is valid JSON, every panel has a query, and every semgov series it
-    names is one the hook exports (histogram buckets included)."""
+    """The Grafana dashboard is valid JSON, every panel but a row has a query, and every semgov
+    series it names is one the hook or the gateway exports (histogram buckets included)."""
     dash: dict[str, Any] = json.loads((MONITORING / "grafana-semgov.json").read_text())
+    assert all(p["targets"] for p in dash["panels"] if p["type"] != "row")
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
     assert dash["panels"] and all(exprs)
     named = _names_in("\n".join(exprs))
-    assert named and named <= metric_names(), named - metric_names()
+    assert named and named <= exported_names(), named - exported_names()
     for wanted in ("semgov:decisions_total", "semgov:reuse_disabled", "semgov:audit_commit_lag_seconds"):
         assert wanted in named
+    gateway = {n for n in named if n.startswith("semgov_gateway_")}
+    assert {"semgov_gateway_requests_total", "semgov_gateway_refusals_total"} <= gateway
+    assert {"semgov_gateway_prepare_seconds_bucket", "semgov_gateway_upstream_seconds_bucket"} <= gateway
 
 
 def test_the_alert_rules_name_only_exported_metrics() -> None:
@@ -222,6 +244,23 @@ def test_the_alert_rules_name_only_exported_metrics() -> None:
     for r in rules:
         assert r["expr"] and r["labels"]["severity"] and r["annotations"]["summary"], r
         named = _names_in(str(r["expr"]))
-        assert named and named <= metric_names(), (r["alert"], named - metric_names())
+        assert named and named <= exported_names(), (r["alert"], named - exported_names())
     paging = {r["alert"] for r in rules if r["labels"]["severity"] == "page"}
-    assert {"SemgovReuseDisabled", "SemgovAuditLag"} <= paging
+    assert {"SemgovReuseDisabled", "SemgovAuditLag", "SemgovGatewayEngineErrors"} <= paging
+
+
+def test_the_gateway_rules_match_only_documented_label_values() -> None:
+    """Every outcome and refusal reason a gateway rule matches is one docs/gateway.md lists, so a
+    rule cannot silently watch a value the gateway never writes."""
+    doc = (ROOT / "docs" / "gateway.md").read_text()
+    documented = set(re.findall(r"`([a-z_]+)`", doc))
+    rules = yaml.safe_load((MONITORING / "alerts.yaml").read_text())["groups"][0]["rules"]
+    matched = [
+        v
+        for r in rules
+        if "semgov_gateway_" in r["expr"]
+        for alt in re.findall(r'(?:outcome|reason)=~?"([^"]+)"', r["expr"])
+        for v in alt.split("|")
+    ]
+    assert {"unreachable", "timeout", "bad_key", "refused"} <= set(matched)
+    assert set(matched) <= documented, set(matched) - documented

@@ -34,6 +34,12 @@ def verified(body: dict[str, Any]) -> Any:
     return parse_context_token(ContextKeys(b"k" * 32, AUDIENCE), body["extra_key"])
 
 
+async def stream_chat(c: httpx.AsyncClient) -> tuple[int, list[str]]:
+    """Stream ``CHAT`` as acme: the status and the ``data:`` payloads, in order."""
+    async with c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}, headers=auth()) as r:
+        return r.status_code, [line[6:] async for line in r.aiter_lines() if line.startswith("data: ")]
+
+
 def test_chat_reaches_the_engine_as_token_ids_with_a_verifiable_token(tmp_path: Path) -> None:
     """A chat request reaches SGLang as the template's token ids with a token naming the key's tenant."""
 
@@ -219,11 +225,8 @@ def test_chat_streams_in_chat_form(tmp_path: Path) -> None:
     """A streamed chat answer arrives as chat.completion.chunk deltas, the role first, then [DONE]."""
 
     async def scenario(c: httpx.AsyncClient, fake: FakeEngine, gw: Gateway) -> None:
-        async with c.stream(
-            "POST", "/v1/chat/completions", json={**CHAT, "stream": True}, headers=auth()
-        ) as r:
-            assert r.status_code == 200
-            events = [line[6:] async for line in r.aiter_lines() if line.startswith("data: ")]
+        status, events = await stream_chat(c)
+        assert status == 200
         assert events[-1] == "[DONE]"
         chunks = [json.loads(e) for e in events[:-1]]
         assert [ch["object"] for ch in chunks] == ["chat.completion.chunk"] * 2
@@ -238,10 +241,8 @@ def test_a_broken_stream_ends_with_an_error_event(tmp_path: Path) -> None:
     """An engine that breaks off a stream: the client gets what came and then an error event."""
 
     async def scenario(c: httpx.AsyncClient, fake: FakeEngine, gw: Gateway) -> None:
-        async with c.stream(
-            "POST", "/v1/chat/completions", json={**CHAT, "stream": True}, headers=auth()
-        ) as r:
-            events = [line[6:] async for line in r.aiter_lines() if line.startswith("data: ")]
+        status, events = await stream_chat(c)
+        assert status == 200
         assert json.loads(events[0])["choices"][0]["delta"]["content"] == "forty"
         assert "error" in json.loads(events[-1])
 
@@ -252,11 +253,8 @@ def test_a_stream_chunk_that_is_no_completion_ends_with_an_error_event(tmp_path:
     """An engine stream event that is JSON but no completion chunk ends the stream with an error event."""
 
     async def scenario(c: httpx.AsyncClient, fake: FakeEngine, gw: Gateway) -> None:
-        async with c.stream(
-            "POST", "/v1/chat/completions", json={**CHAT, "stream": True}, headers=auth()
-        ) as r:
-            assert r.status_code == 200
-            events = [line[6:] async for line in r.aiter_lines() if line.startswith("data: ")]
+        status, events = await stream_chat(c)
+        assert status == 200
         assert "error" in json.loads(events[-1])
         text = (await c.get("/metrics")).text
         assert 'outcome="upstream_error",route="chat",tenant="acme"} 1.0' in text
