@@ -26,6 +26,7 @@ and its revision stays the floor a new bundle must not go below.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import threading
@@ -179,7 +180,7 @@ class BundleWatcher:
         """One poll: the bundle installed by it, or None."""
         try:
             seen = self._candidates()
-        except (OSError, urllib.error.URLError, ValueError) as e:
+        except (OSError, http.client.HTTPException, ValueError) as e:
             self._report(f"fetch:{e}", f"{self.source}: cannot fetch bundles ({describe_error(e)})")
             return None
         digests = {n: "sha256:" + hashlib.sha256(b).hexdigest() for n, b in seen.items()}

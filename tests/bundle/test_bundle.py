@@ -161,6 +161,18 @@ def test_an_opa_style_bundle_with_data_json_verifies(keys: Keys) -> None:
         v.policy_files()
 
 
+def test_a_signing_key_that_is_not_p256_is_refused(tmp_path: object) -> None:
+    """An Ed25519 key (semgov's own kind) cannot sign a bundle: refused naming the file."""
+    from pathlib import Path
+
+    from semgov.bundle.jws import BundleSigner
+    from semgov.signing.keys import generate_keypair
+
+    priv, _ = generate_keypair(Path(str(tmp_path)) / "ed")
+    with pytest.raises(Exception, match=f"{priv}: not an ECDSA P-256 private key"):
+        BundleSigner.load(priv)
+
+
 def test_trust_files_refuse_other_algorithms_and_keys(keys: Keys) -> None:
     """Only ES256 P-256 keys are trusted; each wrong entry is named."""
     with pytest.raises(Exception, match="semgov bundles are signed with ES256"):
