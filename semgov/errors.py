@@ -74,3 +74,8 @@ class KeyFileError(SemgovError):
 
 class SignatureError(SemgovError):
     """A signature does not verify."""
+
+
+class BundleError(SemgovError):
+    """A policy bundle is malformed, tampered with, untrusted or older than the one running
+    (``source``: the bundle, ``field``: the member of it at fault)."""

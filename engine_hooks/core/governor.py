@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from engine_hooks.core.bundles import BundleWatcher
 from engine_hooks.core.decider import DecisionProcess
 from engine_hooks.core.decisions import (
     DecisionThread,
@@ -128,6 +129,9 @@ class Governor:
         self.on_revision: list[Callable[[str], object]] = []  # called with each new live revision
         self.reloads = self.reload_failures = self.shadow_records = self.shadow_disagreements = 0
         self.watcher: ReloadWatcher | None = None
+        self.bundles: BundleWatcher | None = None
+        if self.policies.bundle is not None:
+            self.metrics.bundle(self.policies.bundle.revision)
         self.provider = _provider_here(settings, provider, remote)
         self.detokenize = load_detokenizer(settings.detokenizer, tokenizer_path)
         if self.detokenize is None:
@@ -383,6 +387,30 @@ class Governor:
         if s.reload_poll_ms > 0 and self.watcher is None:
             paths = [s.policy, s.trust, *((s.shadow_policy,) if s.shadow_policy is not None else ())]
             self.watcher = ReloadWatcher(paths, s.reload_poll_ms / 1000, self.request_reload)
+        if (
+            s.bundle is not None
+            and s.bundle_trust is not None
+            and s.bundle_work_dir is not None
+            and self.bundles is None
+        ):
+            from semgov.bundle.jws import read_trust
+
+            self.bundles = BundleWatcher(
+                s.bundle,
+                read_trust(s.bundle_trust),
+                s.bundle_work_dir,
+                force=s.bundle_force,
+                request=self.request_reload,
+                refused=self.bundle_refused,
+                poll_s=max(s.reload_poll_ms, 100) / 1000,
+            )
+
+    def bundle_refused(self, problem: str) -> None:
+        """A bundle the watcher refused (any thread): audited as ``policy_load_failed``, naming it."""
+        detail = f"live policy not reloaded: {problem}; still deciding with revision {self.revision}"
+        self.event("policy_load_failed", detail=detail[:2000])
+        self.metrics.reload("live", False)
+        self.reload_failures += 1
 
     def reloaded(self, outcomes: list[ReloadOutcome], reason: str) -> None:
         """A reload's outcomes (the decision thread, or the decision process's reader): each one is
@@ -397,6 +425,8 @@ class Governor:
             get_logger().info(
                 "semgov policy reloaded", role=o.role, version=o.version, revision=o.revision, reason=reason
             )
+            if o.role == "live" and o.bundle is not None:
+                self.metrics.bundle(o.bundle)
             if o.role == "live" and o.revision != self.revision:
                 self.revision = o.revision
                 for listener in self.on_revision:
@@ -455,6 +485,8 @@ class Governor:
         """
         if self.watcher is not None:
             self.watcher.close()
+        if self.bundles is not None:
+            self.bundles.close()
         self.backlog.close()
         self.donors.close()
         self.jobs.close()

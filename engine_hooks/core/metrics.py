@@ -48,7 +48,7 @@ def metric_names() -> frozenset[str]:
         "realizations", "shadow_decisions", "shadow_disagreements", "policy_reloads", "capture_dropped",
         "captured", "context_tokens_refused", "unscoped_requests", "allows_not_realized", "warmups",
     )  # fmt: skip
-    gauges = ("audit_pending_records", "audit_commit_lag_seconds", "reuse_disabled")
+    gauges = ("audit_pending_records", "audit_commit_lag_seconds", "reuse_disabled", "policy_bundle_revision")
     hist = ("decision_latency_seconds",)
     return frozenset(
         [f"{PREFIX}{c}_total" for c in counters]
@@ -61,6 +61,15 @@ def failure_reason(detail: str) -> str:
     """A bounded label from an event's detail (``"RealizationError: ..."`` -> ``RealizationError``)."""
     head = detail.split(":", 1)[0].strip()
     return _REASON.sub("_", head)[:64] or "unknown"
+
+
+def _bundle_gauge(gauge: Callable[..., Any]) -> Any:
+    """``semgov:policy_bundle_revision``: -1 until a bundle decides (``SEMGOV_BUNDLE``)."""
+    g = gauge(
+        "policy_bundle_revision", "Number of the policy bundle revision deciding (-1: none).", "livemax"
+    )
+    g.set(-1)
+    return g
 
 
 class HookMetrics:
@@ -145,6 +154,7 @@ class HookMetrics:
         self.reuse_disabled = gauge(
             "reuse_disabled", "1 once the engine turned semantic reuse off.", "livemax"
         )
+        self.bundle_revision = _bundle_gauge(gauge)
 
     # ---- events ------------------------------------------------------------------------------
 
@@ -181,6 +191,11 @@ class HookMetrics:
 
     def reload(self, role: str, ok: bool) -> None:
         self.policy_reloads.labels(role, "loaded" if ok else "failed").inc()
+
+    def bundle(self, revision: str) -> None:
+        """The bundle revision now deciding (its number: the leading digits)."""
+        digits = revision[: len(revision) - len(revision.lstrip("0123456789"))]
+        self.bundle_revision.set(int(digits) if digits else -1)
 
     def capture(self, kept: bool) -> None:
         (self.captured if kept else self.capture_dropped).inc()

@@ -25,6 +25,7 @@ NOTE: invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
+from engine_hooks.core.bundles import InstalledBundle, read_state
 from engine_hooks.core.donors import DonorEntry, prompt_of
 from engine_hooks.core.metrics import HookMetrics
 from engine_hooks.core.reload import fingerprint
@@ -130,6 +132,8 @@ class ReloadOutcome:
     previous_revision: str
     keyring: str  # digest of the trust keyring in force after the reload
     error: str | None = None
+    bundle: str | None = None  # the bundle revision this outcome installed (or failed to)
+    bundle_detail: str = ""  # which bundle: source, signing key, digest
 
     @property
     def kind(self) -> str:
@@ -145,6 +149,7 @@ class ReloadOutcome:
         return (
             f"{self.role} policy {self.version} revision {self.revision} (keyring {self.keyring}); "
             f"replaced {self.previous_version} revision {self.previous_revision}"
+            + (f"; from {self.bundle_detail}" if self.bundle_detail else "")
         )
 
 
@@ -208,6 +213,9 @@ class HookPolicies:
         self.capture = capture
         self.metrics = metrics
         self.rng = rng or random.Random()
+        self.bundle: InstalledBundle | None = None  # the bundle the live policy came from
+        self._bundle_failed: str | None = None  # digest of the last bundle that did not install
+        settings = self._resume_bundle(settings)
         raw, digest = read_trust(settings)
         keyring = load_trust(settings, key, raw)
         self.live = self._load("live", settings.policy, (keyring, digest), None)
@@ -219,6 +227,26 @@ class HookPolicies:
                 )
             except SemgovError as e:
                 raise HookConfigError(f"SEMGOV_SHADOW_POLICY={settings.shadow_policy}: {e}") from e
+
+    def _resume_bundle(self, settings: HookSettings) -> HookSettings:
+        """With ``SEMGOV_BUNDLE``: the settings pointed at the installed bundle (``current.json``),
+        when there is one and it loads; else the baseline ``SEMGOV_POLICY`` and ``SEMGOV_TRUST``."""
+        state = read_state(settings.bundle_work_dir) if settings.bundle_work_dir is not None else None
+        if settings.bundle is None or state is None:
+            return settings
+        resumed = dataclasses.replace(settings, policy=state.policy, trust=state.keyring)
+        try:
+            load_trust(resumed, self.key)
+            load_policy_source(resumed.policy)
+        except (OSError, SemgovError, ValueError) as e:
+            get_logger().error(
+                "semgov installed bundle does not load: starting from SEMGOV_POLICY",
+                bundle=state.describe(),
+                error=describe_error(e),
+            )
+            return settings
+        self.settings, self.bundle = resumed, state
+        return resumed
 
     @property
     def keyring_digest(self) -> str:
@@ -301,6 +329,64 @@ class HookPolicies:
     # ---- reloading ---------------------------------------------------------------------------
 
     def reload(self) -> list[ReloadOutcome]:
+        """Install a newly verified bundle (``SEMGOV_BUNDLE``, :mod:`engine_hooks.core.bundles`),
+        or else read the policy files and the keyring again (:meth:`reload_files`)."""
+        state = self._new_bundle()
+        if state is None:
+            return self.reload_files()
+        before = self.settings
+        self.settings = dataclasses.replace(before, policy=state.policy, trust=state.keyring)
+        outcomes = self.reload_files()
+        if any(not o.ok for o in outcomes):
+            self.settings, self._bundle_failed = before, state.digest
+            return [
+                dataclasses.replace(
+                    o,
+                    bundle=state.revision,
+                    bundle_detail=state.describe(),
+                    error=f"{state.describe()}: {o.error}",
+                )
+                if not o.ok
+                else o
+                for o in outcomes
+            ]
+        self.bundle = state
+        if not any(o.role == "live" for o in outcomes):  # NOTE: same policy and keyring, new bundle
+            live = self.live
+            outcomes.insert(
+                0,
+                ReloadOutcome(
+                    "live",
+                    True,
+                    live.version,
+                    live.revision,
+                    live.version,
+                    live.revision,
+                    live.keyring_digest,
+                ),
+            )
+        return [
+            dataclasses.replace(o, bundle=state.revision, bundle_detail=state.describe())
+            if o.role == "live"
+            else o
+            for o in outcomes
+        ]
+
+    def _new_bundle(self) -> InstalledBundle | None:
+        """The installed bundle ``current.json`` names, when it is not the one deciding (nor one
+        that already failed to load)."""
+        work = self.settings.bundle_work_dir
+        if self.settings.bundle is None or work is None:
+            return None
+        state = read_state(work)
+        if state is None or state.digest in (
+            self._bundle_failed,
+            self.bundle.digest if self.bundle else None,
+        ):
+            return None
+        return state
+
+    def reload_files(self) -> list[ReloadOutcome]:
         """Read the keyring and the policies again; replace each that loads and changed.
 
         Returns an outcome for each policy that changed (new revision, or a new keyring) or failed
@@ -330,21 +416,22 @@ class HookPolicies:
         """Reload one policy (with the new keyring and its digest, if there is one); None when
         nothing changed. Files that change while they are read are not installed (the watcher
         asks again once they settle)."""
-        before = fingerprint([current.path])
+        path = self.settings.policy if current.role == "live" else current.path
+        before = fingerprint([path])
         try:
-            source = load_policy_source(current.path)
+            source = load_policy_source(path)
         except (OSError, SemgovError, ValueError) as e:
-            return self._failed(current, f"{current.path}: {e}")
+            return self._failed(current, f"{path}: {e}")
         if source.revision == current.revision and fresh is None:
             return None  # NOTE: the same bytes: nothing to do, nothing to audit
         scanner = self.live.evaluator.ctx.pii_scanner
         trust = fresh or (current.evaluator.ctx.keyring, current.keyring_digest)
         try:
-            new = self._load(current.role, current.path, trust, scanner, source)
+            new = self._load(current.role, path, trust, scanner, source)
         except Exception as e:  # noqa: BLE001 - a policy that cannot be built keeps the old one
-            return self._failed(current, f"{current.path}: {type(e).__name__}: {e}")
-        if fingerprint([current.path]) != before:
-            return self._failed(current, f"{current.path}: changed while it was read (not installed)")
+            return self._failed(current, f"{path}: {type(e).__name__}: {e}")
+        if fingerprint([path]) != before:
+            return self._failed(current, f"{path}: changed while it was read (not installed)")
         if current.role == "live":
             self.live = new
         else:

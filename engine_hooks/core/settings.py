@@ -140,6 +140,17 @@ class HookSettings:
     reload_poll_ms: int = 1000
     """How often the policy files and the keyring are checked for changes (a change reloads them
     between two decisions; so does SIGHUP to the scheduler process); 0: on SIGHUP only."""
+    bundle: str | None = None
+    """Where signed policy bundles come from (docs/bundles.md): a directory bundles (``*.tar.gz``) are
+    dropped in, or an ``http(s)://`` URL polled every ``SEMGOV_RELOAD_POLL_MS``. A verified, newer
+    bundle's policy and keyring replace ``SEMGOV_POLICY`` and ``SEMGOV_TRUST``."""
+    bundle_trust: Path | None = None
+    """The ES256 keys bundles must be signed with (JSON in OPA's ``keys`` shape); required with a bundle."""
+    bundle_force: bool = False
+    """Install the highest revision the bundle source offers even when it is lower than the one that runs."""
+    bundle_work_dir: Path | None = None
+    """Where verified bundles are unpacked and the installed revision is kept (default: the audit
+    directory's sibling ``<audit dir>.bundles``)."""
     log_format: str | None = None
     """``json``: the hook's log lines (and semgov's, in this process and the decision process) as
     JSON lines with their fields (request id, decision id, tenant where a line has them); ``text``;
@@ -154,6 +165,7 @@ class HookSettings:
         if not audit:
             raise HookConfigError("SEMGOV_AUDIT_DIR is not set: every decision and realization is audited")
         ctx = ContextSettings.from_env(env)
+        bundle = _bundle_settings(e, Path(audit))
         return cls(
             policy=e.path("SEMGOV_POLICY"),
             trust=e.path("SEMGOV_TRUST"),
@@ -200,6 +212,10 @@ class HookSettings:
             capture_max_age_h=e.integer("SEMGOV_CAPTURE_MAX_AGE_H", 168, 1, 366 * 24),
             reload_poll_ms=e.integer("SEMGOV_RELOAD_POLL_MS", 1000, 0, 3_600_000),
             log_format=e.choice("SEMGOV_LOG_FORMAT", ("text", "json")),
+            bundle=bundle[0],
+            bundle_trust=bundle[1],
+            bundle_force=bundle[2],
+            bundle_work_dir=bundle[3],
         )
 
 
@@ -223,6 +239,21 @@ class ContextSettings:
             context_audience=e.audience("SEMGOV_CONTEXT_AUDIENCE"),
             context_max_lifetime_s=e.integer("SEMGOV_CONTEXT_MAX_LIFETIME_S", 3600, 1, 7 * 86400),
         )
+
+
+def _bundle_settings(e: _Env, audit: Path) -> tuple[str | None, Path | None, bool, Path | None]:
+    """``SEMGOV_BUNDLE``, ``SEMGOV_BUNDLE_TRUST`` (required with it), ``SEMGOV_BUNDLE_FORCE``,
+    ``SEMGOV_BUNDLE_WORK_DIR``."""
+    source = e.text("SEMGOV_BUNDLE") or None
+    if source is None:
+        return None, None, False, None
+    if not source.startswith(("http://", "https://")) and not Path(source).is_dir():
+        raise HookConfigError(f"SEMGOV_BUNDLE={source}: neither a directory nor an http(s):// URL")
+    if not e.text("SEMGOV_BUNDLE_TRUST"):
+        raise HookConfigError("SEMGOV_BUNDLE is set without SEMGOV_BUNDLE_TRUST: whose bundles are trusted?")
+    work = e.text("SEMGOV_BUNDLE_WORK_DIR")
+    workdir = Path(work) if work else audit.with_name(audit.name + ".bundles")
+    return source, e.path("SEMGOV_BUNDLE_TRUST"), e.flag("SEMGOV_BUNDLE_FORCE", False), workdir
 
 
 class _Env:

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "policy": ("semgov.cli.policy", "lint and test policies"),
     "keys": ("semgov.cli.keys", "manage Ed25519 signing keys"),
     "provenance": ("semgov.cli.provenance", "sign and verify donor provenance outside an engine"),
+    "bundle": ("semgov.cli.bundle", "build and verify signed policy bundles (OPA's bundle format)"),
     "gateway": ("semgov.cli.gateway", "run the OpenAI-compatible gateway that signs each request's context"),
     "verify-decision": ("semgov.cli.verify", "check the signatures of decision records"),
     "schema": ("semgov.cli.schema", "write or check the JSON Schemas generated from the wire types"),
