@@ -30,6 +30,7 @@ from semgov.audit.reader import decoded_records
 from semgov.audit.recovery_record import RECOVERY_KIND, RECOVERY_SCHEMA
 from semgov.cli.audit_json import groups_doc, stats_doc
 from semgov.cli.audit_report import add_key_options, register_report, verify_from_args
+from semgov.cli.audit_ship import register_ship
 from semgov.errors import InputError
 from semgov.wire.names import ENGINE_EVENT_KINDS, ENGINE_EVENT_SCHEMAS, GATE_NAMES, SHADOW_DECISION_SCHEMA
 
@@ -71,6 +72,7 @@ def register(sub: Any) -> None:
     _register_show(a)
     _register_stats(a)
     register_report(a, DEFAULT_DIR)
+    register_ship(a, DEFAULT_DIR)
 
     pr = a.add_parser(
         "prove",
