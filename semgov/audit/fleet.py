@@ -27,6 +27,8 @@ import numpy as np
 from semgov.audit._scan import brief, record_id
 from semgov.audit.verify import Report
 
+MAX_ID_LINES = 5  # ids in two logs named one by one (all are counted)
+
 
 @dataclass(frozen=True)
 class Tree:
@@ -159,12 +161,15 @@ def id_problems(workers: Sequence[Worker], leaves: Sequence[dict[int, bytes]]) -
                 continue
             if rid is not None:
                 where[rid].append(f"worker {w.name} record {index} ({w.log_file})")
-    return [
+    out = [
         f"{rid[0]} {brief(rid[1])} is in {len(ws)} workers' logs: {'; '.join(ws)} (a record copied "
         "between logs, or a replay)"
-        for rid, ws in sorted(where.items())
+        for rid, ws in sorted(where.items(), key=lambda kv: kv[1])
         if len({x.split(" record ")[0] for x in ws}) > 1
     ]
+    if len(out) > MAX_ID_LINES:
+        out[MAX_ID_LINES:] = [f"... and {len(out) - MAX_ID_LINES} more ids in two workers' logs"]
+    return out
 
 
 @dataclass
