@@ -152,20 +152,25 @@ def shared_ids(id_hashes: Sequence[tuple[bytes, bytes]]) -> list[set[int]]:
 def id_problems(workers: Sequence[Worker], leaves: Sequence[dict[int, bytes]]) -> list[str]:
     """A decision or event id that records of two workers' logs carry (``leaves``: per worker, the
     records :func:`shared_ids` named)."""
-    where: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for w, got in zip(workers, leaves, strict=True):
+    where: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)  # id -> (worker, index)
+    for k, got in enumerate(leaves):
         for index in sorted(got):
             try:
                 rid = record_id(json.loads(got[index]))
             except (ValueError, RecursionError):
                 continue
             if rid is not None:
-                where[rid].append(f"worker {w.name} record {index} ({w.log_file})")
+                where[rid].append((k, index))
+
+    def name(k: int, index: int) -> str:
+        return f"worker {workers[k].name} record {index} ({workers[k].log_file})"
+
     out = [
-        f"{rid[0]} {brief(rid[1])} is in {len(ws)} workers' logs: {'; '.join(ws)} (a record copied "
-        "between logs, or a replay)"
-        for rid, ws in sorted(where.items(), key=lambda kv: kv[1])
-        if len({x.split(" record ")[0] for x in ws}) > 1
+        f"{rid[0]} {brief(rid[1])} is in {len({k for k, _ in at})} workers' logs: "
+        + "; ".join(name(k, i) for k, i in at)
+        + " (a record copied between logs, or a replay)"
+        for rid, at in sorted(where.items(), key=lambda kv: kv[1])
+        if len({k for k, _ in at}) > 1
     ]
     if len(out) > MAX_ID_LINES:
         out[MAX_ID_LINES:] = [f"... and {len(out) - MAX_ID_LINES} more ids in two workers' logs"]
