@@ -186,3 +186,15 @@ def test_verify_refuses_a_cosignature_by_an_untrusted_key_or_a_forged_one(
     note.write_bytes(bytes(data))
     code, out = _verify(capsys, log, witness[1])
     assert code == 1 and f"witnessed checkpoint cosignatures/{note.name} rejected: invalid cosignature" in out
+
+
+def test_one_witness_run_at_a_time(tmp_path: Path) -> None:
+    """A second run on a locked state directory is refused: a check and its store are one step."""
+    from semgov.audit.errors import AuditLogError
+    from semgov.audit.witness_dir import WitnessState
+
+    with WitnessState(tmp_path / "state"):
+        with pytest.raises(AuditLogError, match="another witness run holds the state's lock"):
+            WitnessState(tmp_path / "state")
+    with WitnessState(tmp_path / "state") as st:  # released: the next run proceeds
+        assert st.load("semgov/o") is None
