@@ -109,6 +109,15 @@ SMOKES = [
         ("--dir", "{tmp}/log"),
         _all(BASELINE, _lines(r"^verify_log: 300 records, .* -> OK$"), _lines(r"^proof bundle for record 0")),
     ),
+    Smoke(
+        "audit_fleet_verify.py",
+        ("--dir", "{tmp}/fleet"),
+        _all(
+            BASELINE,
+            _lines(r"^verify_fleet: 2 logs, 600 records, 600 signatures, .* -> OK$"),
+            _lines(r"^semgov audit verify DIR \(fleet of 2\): [\d.]+ s wall, exit 0$"),
+        ),
+    ),
     Smoke("check_throughput.py", (), _lines(r"^(text removed|in-process).*\s[\d.]+\s+\d+\s+\d+$", 3)),
     Smoke("cli_startup.py", (), _lines(r"^semgov .*\s[\d.]+\s+[\d.]+\s+[\d.]+$", 5)),
     Smoke("decision_latency.py", (), LATENCY),

@@ -127,6 +127,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     # (index, one line) of every recovery record (semgov.audit_recovery/v1): what a recovery cut
     recoveries: list[tuple[int, str]] = field(default_factory=list)
+    witnessed: list[int] = field(default_factory=list)  # sizes of the witnessed checkpoints checked
 
     @property
     def ok(self) -> bool:
@@ -255,6 +256,7 @@ class LogChecks:
         self.history: list[_Note] = []  # checkpoints/<size>.note, by size
         self.latest: _Note | None = None
         self.kept: _Note | None = None
+        self.witnessed: list[_Note] = []  # checkpoints a witness cosigned (cosignatures checked)
         self.roots: dict[int, bytes] = {}
         # (size, signers) of every seal and checkpoint whose tree matches the records
         self.anchors: list[tuple[int, tuple[str, ...]]] = []
@@ -336,10 +338,22 @@ class LogChecks:
             self.kept = self._note(kept, "kept checkpoint")
             rep.kept = self.kept.cp if self.kept is not None else None
 
+    def add_witnessed(self, notes: Iterable[tuple[str, bytes | str]]) -> None:
+        """Checkpoints a witness cosigned: ``(file, the note, or why its cosignature was refused)``;
+        each must be signed by a trusted log key and be a tree the log still holds."""
+        for name, data in notes:
+            if isinstance(data, str):
+                self.rep.problems.append(Problem(None, f"witnessed checkpoint {name} rejected: {data}"))
+                continue
+            n = self._note(data, f"witnessed checkpoint {name}")
+            if n is not None:
+                self.witnessed.append(n)
+                self.rep.witnessed.append(n.cp.size)
+
     # -- the tree: seals and checkpoints against the records --------------------------------------------
 
     def check_tree(self) -> None:
-        notes = [n for n in (self.latest, self.kept, *self.history) if n is not None]
+        notes = [n for n in (self.latest, self.kept, *self.history, *self.witnessed) if n is not None]
         sizes = [len(self.hashes), *(s.size for s in self.seals), *(n.cp.size for n in notes)]
         self.roots = _roots_at(self.hashes, sizes)
         self.rep.root = self.roots[len(self.hashes)]
@@ -347,6 +361,16 @@ class LogChecks:
         self._check_checkpoints()
         if self.kept is not None:
             self._check_kept(self.kept)
+        for n in self.witnessed:
+            origin = self._origin()
+            if origin is not None and n.cp.origin != origin:
+                self.rep.problems.append(Problem(None, f"{n.name} is of another log ({n.cp.origin!r})"))
+                continue
+            p = self._prefix_problem(n.cp, n.name)
+            if p is not None:
+                self.rep.problems.append(
+                    Problem(p.index, p.message + " (the witness saw another history: a fork)")
+                )
 
     def _origin(self) -> str | None:
         if self.latest is not None:

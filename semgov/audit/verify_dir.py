@@ -53,12 +53,38 @@ def verify_log(
     kept_checkpoint: bytes | None = None,
     workers: int | None = None,
     allow_unanchored: bool = False,
+    witnessed: list[tuple[str, bytes | str]] | None = None,
 ) -> Report:
     """Verify everything in the log at ``directory`` (see the module docstring).
 
     ``public_key`` (one key, valid for everything) or ``keyring``; neither: structure only.
     ``allow_unanchored``: records no trusted seal or checkpoint anchors are a note, not a problem.
+    ``witnessed``: ``(file, note or why its cosignature was refused)`` of the checkpoints a witness
+    cosigned (:func:`semgov.audit.witness_dir.witnessed_notes`): the log must still hold each tree.
     """
+    return verify_log_checks(
+        directory,
+        public_key=public_key,
+        keyring=keyring,
+        kept_checkpoint=kept_checkpoint,
+        workers=workers,
+        allow_unanchored=allow_unanchored,
+        witnessed=witnessed,
+    )[0].report()
+
+
+def verify_log_checks(
+    directory: Path,
+    *,
+    public_key: Ed25519PublicKey | None = None,
+    keyring: AuditKeyring | None = None,
+    kept_checkpoint: bytes | None = None,
+    workers: int | None = None,
+    allow_unanchored: bool = False,
+    witnessed: list[tuple[str, bytes | str]] | None = None,
+) -> tuple[LogChecks, list[tuple[int, int, int]]]:
+    """:func:`verify_log`, returning the checks done (ids, checkpoints and seals read) and the ranges
+    of records.log (for :func:`leaves_at`): what the fleet view compares across logs."""
     if public_key is not None and keyring is not None:
         raise ValueError("give public_key or keyring, not both")
     ring = AuditKeyring.single(public_key) if public_key is not None else keyring
@@ -70,6 +96,7 @@ def verify_log(
     nproc = workers if workers is not None else min(2, os.cpu_count() or 1)
     ranges = _check_frames(v, path, nproc, expected)
     v.add_checkpoints(read_checkpoint(Path(directory)), _numbered_notes(Path(directory)), kept_checkpoint)
+    v.add_witnessed(witnessed or [])
     v.check_tree()
     v.check_records()
     v.check_anchoring(allow_unanchored)
@@ -79,7 +106,7 @@ def verify_log(
     recoveries = v.recoveries_to_read()
     if recoveries:
         v.add_recoveries(leaves_at(path, ranges, recoveries))
-    return v.report()
+    return v, ranges
 
 
 def _check_frames(v: LogChecks, path: Path, nproc: int, expected: str | None) -> list[tuple[int, int, int]]:

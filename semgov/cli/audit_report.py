@@ -19,6 +19,12 @@ REPORT_EPILOG = (
 )
 
 
+FLEET_DIRS = (
+    "the log directory (default audit/log); or several, or one directory whose subdirectories are worker "
+    "logs (it holds no records.log, they do): one fleet view of every log (audit/README.md, 'Many logs')"
+)
+
+
 def add_key_options(p: argparse.ArgumentParser) -> None:
     """The options that say how a log is verified (``audit verify`` and ``audit report``)."""
     keys = p.add_mutually_exclusive_group()
@@ -44,6 +50,14 @@ def add_key_options(p: argparse.ArgumentParser) -> None:
         "(a log whose writer is running or crashed mid-write)",
     )
     p.add_argument("--workers", type=int, metavar="N", help="processes for signature checks (default 2)")
+    p.add_argument(
+        "--witness-key",
+        action="append",
+        metavar="VKEY",
+        help="a witness's verifier key (name+id+key, cosignature/v1; or a file holding it; repeatable): "
+        "the log must have a checkpoint it cosigned (cosignatures/), each cosignature must verify, and "
+        "the log must still hold each tree it cosigned",
+    )
 
 
 def register_report(a: Any, default_dir: Path) -> None:
@@ -60,7 +74,7 @@ def register_report(a: Any, default_dir: Path) -> None:
         "one streaming pass: the page's size does not grow with the log.",
         epilog=REPORT_EPILOG,
     )
-    r.add_argument("directory", type=Path, nargs="?", default=default_dir, metavar="DIR")
+    r.add_argument("directory", type=Path, nargs="*", metavar="DIR", help=FLEET_DIRS)
     r.add_argument("--out", type=Path, required=True, metavar="FILE", help="the HTML file to write")
     r.add_argument("--tenant", help="only this tenant's decisions (and the realizations of its allows)")
     r.add_argument("--since", metavar="RFC3339", help="records at or after")
@@ -84,6 +98,12 @@ def verify_from_args(args: argparse.Namespace) -> tuple[Any, bytes | None]:
             kept = args.checkpoint.read_bytes()
         except OSError as e:
             raise InputError(f"cannot read checkpoint: {e.strerror}", source=str(args.checkpoint)) from e
+    from semgov.audit.verify import Problem
+    from semgov.audit.witness_dir import witnessed_notes
+    from semgov.cli.audit_fleet import witness_keys
+
+    witnesses = witness_keys(args)
+    witnessed, missing = witnessed_notes(args.directory, witnesses) if witnesses else ([], [])
     rep = verify_log(
         args.directory,
         public_key=key,
@@ -91,7 +111,9 @@ def verify_from_args(args: argparse.Namespace) -> tuple[Any, bytes | None]:
         kept_checkpoint=kept,
         workers=args.workers,
         allow_unanchored=args.allow_unanchored,
+        witnessed=witnessed,
     )
+    rep.problems += [Problem(None, m) for m in missing]
     return rep, kept
 
 
@@ -162,15 +184,18 @@ def _summarize(args: argparse.Namespace) -> tuple[Any, str | None]:
 
 def run_report(args: argparse.Namespace) -> int:
     from semgov.audit.report_html import Verdict, render
+    from semgov.cli.audit_fleet import fleet_of, fleet_summary, fleet_verdict
 
     t0 = time.perf_counter()
-    verdict, status = _verdict(args)
+    logs = fleet_of(args, Path("audit/log"))
+    verdict, status = _verdict(args) if logs is None else fleet_verdict(args, logs)
     status = int(status)
     t1 = time.perf_counter()
-    summary, stopped = _summarize(args)
+    summary, stopped = _summarize(args) if logs is None else fleet_summary(args, logs)
     if stopped is not None:
         verdict = Verdict(verdict.status, verdict.headline, (*verdict.details, stopped))
-    scope = f"log {args.directory}" + (f", tenant {args.tenant}" if args.tenant else "")
+    scope = f"log {args.directory}" if logs is None else f"fleet of {len(logs)} logs"
+    scope += f", tenant {args.tenant}" if args.tenant else ""
     scope += "".join(f", {w} {v}" for w, v in (("since", args.since), ("until", args.until)) if v)
     html = render(
         summary, verdict, title_scope=scope, generated_at=datetime.now(UTC).isoformat(timespec="seconds")

@@ -87,7 +87,8 @@ def test_command_of_finds_the_command_word(argv: list[str], command: str) -> Non
 LEAVES = [
     ("check",), ("diff",), ("policy", "test"), ("policy", "check"), ("policy", "eval"), ("policy", "input"),
     ("audit", "verify"), ("audit", "show"), ("audit", "stats"), ("audit", "report"), ("audit", "prove"),
-    ("audit", "verify-proof"), ("keys", "generate"), ("provenance", "sign"), ("provenance", "verify"),
+    ("audit", "verify-proof"), ("audit", "witness"), ("keys", "generate"), ("provenance", "sign"),
+    ("provenance", "verify"),
     ("gateway", "serve"), ("gateway", "key"), ("verify-decision",), ("bench",), ("calibrate",), ("docs",),
 ]  # fmt: skip
 
