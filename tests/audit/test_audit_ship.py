@@ -191,3 +191,18 @@ def test_cli_refuses_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "gs://bucket" in capsys.readouterr().err
     assert main(["audit", "fetch", str(tmp_path / "empty"), str(tmp_path / "out")]) == 2
     assert "holds no semgov log" in capsys.readouterr().err
+
+
+def test_a_fleet_shipped_to_one_store_fetches_back_as_a_fleet_that_verifies(
+    tmp_path: Path, keys: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two workers' logs shipped to one store come back as a fleet directory `audit verify` checks."""
+    store = str(tmp_path / "store")
+    for i, name in enumerate(("w1", "w2")):
+        write_log(tmp_path / name, decisions(keys, KEY, 3, start=10 * i), origin=f"example.com/semgov/{name}")
+        assert main(["audit", "ship", str(tmp_path / name), "--to", store]) == 0
+    assert main(["audit", "fetch", store, str(tmp_path / "copy")]) == 0
+    capsys.readouterr()
+    assert main(["audit", "verify", str(tmp_path / "copy"), "--pubkey", PUB_PEM]) == 0
+    out = capsys.readouterr().out
+    assert "example.com/semgov/w1" in out and "example.com/semgov/w2" in out
