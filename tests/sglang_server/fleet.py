@@ -34,6 +34,7 @@ from tests.sglang_server.rig import (
     Server,
     ServerConfig,
     free_port,
+    run_concurrently,
     settle,
     stop_group,
 )
@@ -238,8 +239,7 @@ def fleet(
     model = model_dir(work / "model")
     with ExitStack() as stack:
         workers = start_workers(model, work, n_workers)
-        for w in workers:
-            stack.callback(w.stop)
+        stack.callback(lambda: run_concurrently([w.stop for w in workers], workers=len(workers)))
         urls = [f"http://{w.host}:{w.port}" for w in workers]
         router = start_router(smg, urls, policy, work / "router")
         stack.callback(router.stop)
