@@ -10,7 +10,8 @@ each on the same workload after ``/flush_cache`` on every worker:
 - **1 worker**: the router over one worker (every donor is where its recipient is);
 - **2 workers, default policy**: ``smg --policy cache_aware`` (its default), no routing key;
 - **2 workers, scope routing**: ``smg --policy consistent_hashing`` hashing the gateway's
-  ``x-smg-routing-key`` (``--routing-key-header``: an HMAC of tenant, namespace, evidence hash).
+  ``x-smg-routing-key`` (``--routing-key-header``: an HMAC of tenant, namespace, evidence hash);
+- ``--also POLICY ...``: two workers under other smg policies, without the key.
 
 The workload: ``n`` pairs per cell, alternately acme's and globex's, each a donor ``[S][I][E][Q1]``
 then (once the donor is registered) a recipient ``[S][E][Q2]`` with the same evidence, every pair
@@ -114,7 +115,7 @@ def read_audits(f: Any, rids: dict[str, str], cell: Cell) -> None:
                     cell.approved[seed] = max(cell.approved.get(seed, 0), shifted)
 
 
-def run_cells(n: int, words: int, work: Path) -> list[Cell]:
+def run_cells(n: int, words: int, work: Path, also: tuple[str, ...] = ()) -> list[Cell]:
     from tests.sglang_server.fleet import (
         Fleet,
         model_dir,
@@ -132,7 +133,8 @@ def run_cells(n: int, words: int, work: Path) -> list[Cell]:
     workers = start_workers(model_dir(work / "model"), work, 2)
     cells = []
     try:
-        for k, (name, n_workers, policy, routing) in enumerate(CELLS):
+        extra = tuple((f"2 workers, {p} (no key)", 2, p, False) for p in also)
+        for k, (name, n_workers, policy, routing) in enumerate(CELLS + extra):
             for w in workers:
                 w.flush_cache()
             t0 = time.monotonic()
@@ -200,13 +202,21 @@ def main(argv: list[str] | None = None) -> int:
         "--words", type=int, default=300, help="evidence words per pair (default 300: ~1,100 tokens)"
     )
     ap.add_argument("--out", type=Path, help="write the table as JSON here")
+    ap.add_argument(
+        "--also",
+        nargs="*",
+        default=[],
+        metavar="POLICY",
+        choices=("random", "round_robin", "power_of_two", "least_load", "prefix_hash", "cache_aware"),
+        help="more cells: two workers under these smg policies, without the routing key",
+    )
     ap.add_argument("--smoke", action="store_true", help="no process started: a stand-in placement (above)")
     args = ap.parse_args(argv)
     if args.smoke:
         cells = smoke_cells(min(args.n, 4), 60)
     else:
         with tempfile.TemporaryDirectory(prefix="semgov-fleet-") as tmp:
-            cells = run_cells(args.n, args.words, Path(tmp))
+            cells = run_cells(args.n, args.words, Path(tmp), tuple(args.also))
     doc = report(cells)
     if not args.smoke:
         print("scope check: every decision of every log has donor scope == recipient scope")
