@@ -161,6 +161,14 @@ SMOKES = [
             _lines(r"^reload end to end .* n=3$"),
         ),
     ),
+    Smoke(
+        "fleet_reuse.py",
+        ("--out", "{tmp}/fleet.json"),
+        _all(
+            _lines(r"^(1 worker|2 workers, .*)\s+4\s+\d/4\s+\d+\s+\d+\s+\d+%", 3),
+            _json("fleet.json", lambda d: [c["colocated"] for c in d["cells"]][::2] == [4, 4]),
+        ),
+    ),
     Smoke("provider_latency.py", (), _lines(rf"^\s+512\s+12{US * 4}\s+[\d.]+$")),
     Smoke(
         "realization_quality.py",

@@ -13,9 +13,12 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from semgov.errors import InputError
+
+if TYPE_CHECKING:
+    from semgov.gateway.upstream import UpstreamApi
 
 _SERVE = """\
 Clients send OpenAI chat or completions requests with `Authorization: Bearer <API key>`. The
@@ -70,6 +73,14 @@ _SERVE_ARGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--tokenizer", {"required": True, "type": Path, "metavar": "DIR",
                      "help": "the model's directory with its tokenizer and chat template (read locally, "
                      "never downloaded)"}),
+    ("--upstream-api", {"choices": ("completions", "generate"), "default": "completions",
+                        "help": "the engine's /v1/completions (default), or SGLang's /generate with "
+                        "input_ids: the body a router (smg, sglang-router) carries intact (--engine sglang "
+                        "only)"}),
+    ("--routing-key-header", {"metavar": "NAME",
+                              "help": "send the scope routing key (an HMAC of tenant, namespace and the "
+                              "evidence's hash) in this header, for the router to hash on, e.g. "
+                              "x-smg-routing-key (docs/fleet.md)"}),
     ("--host", {"default": "127.0.0.1", "help": "listen address (default 127.0.0.1)"}),
     ("--port", {"type": int, "default": 8080, "help": "listen port (default 8080)"}),
     ("--token-lifetime-s", {"type": int, "default": 60,
@@ -166,7 +177,8 @@ def run_serve(args: argparse.Namespace) -> int:
     config = GatewayConfig(
         tenants=args.tenants, context_key=args.context_key, audience=args.audience,
         target=Target(
-            args.engine, args.upstream.rstrip("/"), args.model, args.timeout_s, args.connect_timeout_s
+            args.engine, args.upstream.rstrip("/"), args.model, args.timeout_s, args.connect_timeout_s,
+            _upstream_api(args), _routing_header(args.routing_key_header),
         ),
         tokenizer=args.tokenizer, token_lifetime_s=args.token_lifetime_s,
         max_body_bytes=int(args.max_body_mb * (1 << 20)), reload_poll_s=args.reload_poll_s,
@@ -189,6 +201,30 @@ def run_serve(args: argparse.Namespace) -> int:
         gateway.app(), host=args.host, port=args.port, log_level="warning", access_log=False, lifespan="on"
     )
     return 0
+
+
+def _upstream_api(args: argparse.Namespace) -> UpstreamApi:
+    if args.upstream_api == "generate":
+        if args.engine != "sglang":
+            raise InputError("--upstream-api generate is SGLang's /generate: it needs --engine sglang")
+        return "generate"
+    return "completions"
+
+
+_HEADERS_SET = frozenset({"content-type", "content-length", "x-request-id", "host", "authorization"})
+
+
+def _routing_header(name: str | None) -> str | None:
+    """The routing-key header's name, lower case (raises :class:`InputError` for one that is not a
+    header name, or one the gateway sets itself)."""
+    if name is None:
+        return None
+    low = name.strip().lower()
+    if not (0 < len(low) <= 64 and all(c.isascii() and (c.isalnum() or c in "-_") for c in low)):
+        raise InputError(f"--routing-key-header {name!r} is not a header name (letters, digits, - and _)")
+    if low in _HEADERS_SET:
+        raise InputError(f"--routing-key-header {name!r} is a header the gateway sets itself")
+    return low
 
 
 def _capture_config(args: argparse.Namespace) -> Any:

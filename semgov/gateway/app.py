@@ -38,6 +38,13 @@ from starlette.routing import Route
 
 from semgov.context import ContextError, make_context_token
 from semgov.gateway.capture import CaptureConfig, EdgeCapture, Forwarded
+from semgov.gateway.fleet import (
+    GenerateStream,
+    completion_from_generate,
+    generate_body,
+    routing_key,
+    routing_secret,
+)
 from semgov.gateway.metrics import GatewayMetrics
 from semgov.gateway.prompt import ModelTokenizer, Prompt
 from semgov.gateway.reload import Reloader
@@ -151,6 +158,7 @@ class _Outcome:
     upstream_s: float | None = None
     prompt_tokens: int | None = None
     forwarded: Forwarded | None = None  # what the capture records once the engine answered in full
+    routing_key: str | None = None  # the scope routing key the router hashes on (semgov.gateway.fleet)
 
 
 class Gateway:
@@ -307,6 +315,14 @@ class Gateway:
             )
         except ContextError as e:
             raise Refusal(400, "claim_malformed", f"the request's context cannot be signed: {e}") from e
+        if target.routing_key_header is not None:
+            secret = routing_secret(self.reloader.context_key)
+            out.routing_key = routing_key(secret, grant.tenant, grant.namespace, prompt.ids, prompt.segments)
+        if target.api == "generate":
+            return generate_body(
+                model=target.model, ids=prompt.ids, token=token, request_id=out.request_id,
+                fields=parsed.forward, stream=parsed.stream,
+            )  # fmt: skip
         return engine_body(
             target.engine, model=target.model, ids=prompt.ids, token=token,
             request_id=out.request_id, fields=parsed.forward, stream=parsed.stream,
@@ -332,12 +348,15 @@ class Gateway:
             connect=target.connect_timeout_s,
             sock_read=target.timeout_s,
         )
+        # NOTE: built here, never copied from the client: a client cannot set the routing key
         headers = {"content-type": "application/json", "x-request-id": out.request_id}
+        if target.routing_key_header is not None and out.routing_key is not None:
+            headers[target.routing_key_header] = out.routing_key
         sent = time.perf_counter()
         self.metrics.in_flight.inc()
         try:
             resp = await self.session.post(
-                target.base_url + "/v1/completions", data=data, headers=headers, timeout=timeout
+                target.base_url + target.path, data=data, headers=headers, timeout=timeout
             )
         except TimeoutError as e:
             self.metrics.in_flight.dec()
@@ -354,7 +373,7 @@ class Gateway:
                 resp.release()
                 self.metrics.in_flight.dec()
         if parsed.stream:
-            stream = self._relay(resp, parsed.chat, out, sent)
+            stream = self._relay(resp, parsed, out, sent)
             return StreamingResponse(
                 stream, media_type="text/event-stream", headers={"x-request-id": out.request_id}
             )
@@ -371,21 +390,49 @@ class Gateway:
             self.metrics.in_flight.dec()
         out.upstream_s = time.perf_counter() - sent
         self.metrics.upstream_seconds.labels(out.route).observe(out.upstream_s)
+        if target.api == "generate":
+            raw = self._from_generate(raw)
         content = orjson.dumps(chat_response(raw)) if parsed.chat else raw
         self._done(out)
         return Response(content, media_type="application/json", headers={"x-request-id": out.request_id})
 
+    def _from_generate(self, raw: bytes) -> bytes:
+        """SGLang's ``/generate`` answer as a completions answer (raises :class:`UpstreamError` 502)."""
+        try:
+            return orjson.dumps(completion_from_generate(raw, self.config.target.model))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise UpstreamError(
+                502, "upstream_error", f"the engine's answer is not a generation ({type(e).__name__})"
+            ) from e
+
+    async def _completion_events(self, resp: aiohttp.ClientResponse, parsed: Parsed) -> AsyncIterator[bytes]:
+        """The engine's stream as completions ``data:`` payloads (from SGLang's /generate if so)."""
+        if self.config.target.api != "generate":
+            async for data in sse_events(resp):
+                yield data
+            return
+        options = parsed.forward.get("stream_options")
+        usage = isinstance(options, dict) and options.get("include_usage") is True
+        converter = GenerateStream(self.config.target.model, usage)
+        async for data in sse_events(resp):
+            for event in converter.event(data):
+                yield event
+
     async def _relay(
-        self, resp: aiohttp.ClientResponse, chat: bool, out: _Outcome, sent: float
+        self, resp: aiohttp.ClientResponse, parsed: Parsed, out: _Outcome, sent: float
     ) -> AsyncIterator[bytes]:
         """The engine's stream to the client, as sent or in chat form; an error event if it breaks."""
         first: set[int] = set()
+        chat = parsed.chat
         try:
-            if not chat:
+            if not chat and self.config.target.api != "generate":
                 async for chunk in resp.content.iter_any():
                     yield chunk
+            elif not chat:
+                async for data in self._completion_events(resp, parsed):
+                    yield b"data: " + data + b"\n\n"
             else:
-                async for data in sse_events(resp):
+                async for data in self._completion_events(resp, parsed):
                     if data == b"[DONE]":
                         yield b"data: [DONE]\n\n"
                         continue

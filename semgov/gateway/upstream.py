@@ -26,9 +26,18 @@ from typing import Any, Literal
 
 import aiohttp
 
-__all__ = ["Engine", "UpstreamError", "chat_chunk", "chat_response", "engine_body", "error_body"]
+__all__ = [
+    "Engine",
+    "UpstreamApi",
+    "UpstreamError",
+    "chat_chunk",
+    "chat_response",
+    "engine_body",
+    "error_body",
+]
 
 Engine = Literal["sglang", "vllm"]
+UpstreamApi = Literal["completions", "generate"]
 MAX_ERROR_BYTES = 64 << 10
 _PASS = {413: 413, 429: 429, 503: 503, 400: 400, 422: 400}
 
@@ -71,13 +80,21 @@ def engine_body(
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """The engine (or router) the gateway forwards to."""
+    """The engine (or router) the gateway forwards to: its ``/v1/completions``, or SGLang's
+    ``/generate`` (``api``, for a router: :mod:`semgov.gateway.fleet`); ``routing_key_header``:
+    the header that carries the scope routing key, if any."""
 
     engine: Engine
     base_url: str
     model: str
     timeout_s: float = 600.0
     connect_timeout_s: float = 5.0
+    api: UpstreamApi = "completions"
+    routing_key_header: str | None = None
+
+    @property
+    def path(self) -> str:
+        return "/generate" if self.api == "generate" else "/v1/completions"
 
 
 def _message(raw: bytes) -> str:

@@ -118,6 +118,7 @@ class ServerConfig:
     strict: bool = True
     startup_timeout_s: float = 420.0
     backend: str | None = "semgov"  # --radix-cache-backend; None: SGLang's stock radix cache
+    launcher: tuple[str, ...] = ()  # a command the server runs under, e.g. ("taskset", "-c", "1")
 
     def args(self, port: int) -> list[str]:
         a = [
@@ -334,7 +335,8 @@ class Server:
         return env
 
     def start(self) -> None:
-        cmd = [sys.executable, "-m", "sglang.launch_server", *self.config.args(self.port)]
+        launch_server = [sys.executable, "-m", "sglang.launch_server"]
+        cmd = [*self.config.launcher, *launch_server, *self.config.args(self.port)]
         self.work.mkdir(parents=True, exist_ok=True)
         (self.work / "command.txt").write_text(" ".join(cmd) + "\n")
         log = self.log_path.open("wb")
