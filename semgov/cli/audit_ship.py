@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,16 +64,21 @@ def register_ship(a: Any, default_dir: Path) -> None:
 
 
 def run_ship(args: Any) -> int:
+    return _statuses("ship", _ship, args, unreachable=": nothing lost; run it again")
+
+
+def _statuses(command: str, run: Callable[[Any], int], args: Any, *, unreachable: str = "") -> int:
+    """``run(args)``, a store that cannot be reached as exit 4 and any other shipping error as 1."""
     from semgov.audit.ship import ShipError
     from semgov.audit.stores import StoreUnavailable
 
     try:
-        return _ship(args)
+        return run(args)
     except StoreUnavailable as e:
-        print(f"semgov audit ship: {e.diagnostic()}: nothing lost; run it again", file=sys.stderr)
+        print(f"semgov audit {command}: {e.diagnostic()}{unreachable}", file=sys.stderr)
         return 4
     except ShipError as e:
-        print(f"semgov audit ship: {e.diagnostic()}", file=sys.stderr)
+        print(f"semgov audit {command}: {e.diagnostic()}", file=sys.stderr)
         return 1
 
 
@@ -111,17 +117,7 @@ def _ship(args: Any) -> int:
 
 
 def run_fetch(args: Any) -> int:
-    from semgov.audit.ship import ShipError
-    from semgov.audit.stores import StoreUnavailable
-
-    try:
-        return _fetch(args)
-    except StoreUnavailable as e:
-        print(f"semgov audit fetch: {e.diagnostic()}", file=sys.stderr)
-        return 4
-    except ShipError as e:
-        print(f"semgov audit fetch: {e.diagnostic()}", file=sys.stderr)
-        return 1
+    return _statuses("fetch", _fetch, args)
 
 
 def _fetch(args: Any) -> int:
