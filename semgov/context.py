@@ -34,10 +34,20 @@ another tenant's key without the secret. A request without a valid token is serv
 (exact-prefix reuse among requests that sent the same ``extra_key``, adapter and salt:
 :func:`anonymous_cache_key`) but never gets semantic reuse and never becomes a donor.
 
+A token may also carry a ``calibration`` claim (:class:`CalibrationClaim`): the request belongs to
+one pair of a ``semgov calibrate`` run against this server, and its namespace must be that run's
+(``<namespace>/semgov-calibration/<run>``: :func:`calibration_namespace`); a namespace holding
+that mark without the claim is refused. The run's own namespace keeps its donors out of every
+production scope, and the engine adapters give each role its treatment (docs/policy.md
+"Turning semantic reuse on").
+
 The parser is total: for any Python objects it returns a context or raises
 :class:`ContextError`; the key derivations never raise. Everything here is pure (no I/O): the
 key is passed in.
 """
+
+# NOTE: long module: one credential, one verifier: the token's format, its claims (the calibration
+# claim included), its minting and its parsing change together and are reviewed together.
 
 from __future__ import annotations
 
@@ -64,7 +74,7 @@ KEY_PREFIX = "semgov:"
 ANON_KEY_PREFIX = KEY_PREFIX + "anon:"
 _KEY_HEX_CHARS = 32
 _B64URL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
-_FIELDS = frozenset({"tenant", "namespace", "task", "response_contract", "segments"})
+_FIELDS = frozenset({"tenant", "namespace", "task", "response_contract", "segments", "calibration"})
 _CLAIMS = frozenset({"aud", "exp", "kid"})
 _KID_CHARS = 16
 MAX_PREVIOUS_KEYS = 2
@@ -95,6 +105,55 @@ class ContextKeys:
     audience: str
     previous: tuple[bytes, ...] = ()
     max_lifetime_s: int = 3600
+
+
+CALIBRATION_ROLES = ("donor", "cold", "recipient", "release")
+# NOTE: the namespace space a calibration run decides in: ``<namespace>/semgov-calibration/<run>``.
+# A context carries a calibration claim if and only if its namespace is that of the claim's run, so
+# calibration donors and production requests never share a scope, whatever the token's minter sent.
+CALIBRATION_MARK = "/semgov-calibration/"
+_RUN = re.compile(r"[A-Za-z0-9_-]{1,48}")
+_PLAN = re.compile(r"[a-z]{1,16}(?::[0-9+%]{1,24})?")
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationClaim:
+    """What a ``semgov calibrate`` request is (the token's optional ``calibration`` member).
+
+    ``run``: the id of one measured pair's scope (``[A-Za-z0-9_-]``, at most 48); ``role``: the
+    ``donor`` (registered as usual, in the run's namespace), the recipient run ``cold`` (no reuse,
+    an exact-prefix key of its own, never a donor), the ``recipient`` decided with the live policy
+    plus one quality rule turning shifted reuse on with ``plan`` (a realization plan, e.g.
+    ``bookend:16+256``; recipients only), and ``release`` (the run's donors are dropped)."""
+
+    run: str
+    role: str
+    plan: str | None = None
+
+
+def calibration_namespace(namespace: str, run: str) -> str:
+    """The namespace a calibration run's requests claim: ``<namespace>/semgov-calibration/<run>``."""
+    return f"{namespace}{CALIBRATION_MARK}{run}"
+
+
+def _calibration(raw: object, namespace: str) -> CalibrationClaim:
+    """The ``calibration`` member, checked against the context's namespace (raises ContextError)."""
+    if type(raw) is not dict or not {"run", "role"} <= set(raw) or not set(raw) <= {"run", "role", "plan"}:
+        raise ContextError("context calibration must be an object {run, role[, plan]}")
+    run, role, plan = raw["run"], raw["role"], raw.get("plan")
+    if type(run) is not str or not _RUN.fullmatch(run):
+        raise ContextError("context calibration.run must be 1..48 characters of A-Z a-z 0-9 _ -")
+    if type(role) is not str or role not in CALIBRATION_ROLES:
+        raise ContextError(f"context calibration.role must be one of {', '.join(CALIBRATION_ROLES)}")
+    if (role == "recipient") != ("plan" in raw):
+        raise ContextError("context calibration.plan is given for the recipient role, and only for it")
+    if plan is not None and (type(plan) is not str or not _PLAN.fullmatch(plan)):
+        raise ContextError("context calibration.plan is not a realization plan (e.g. bookend:16+256)")
+    if not namespace.endswith(CALIBRATION_MARK + run) or namespace == CALIBRATION_MARK + run:
+        raise ContextError(
+            f"context namespace of a calibration run must be <namespace>{CALIBRATION_MARK}<run>"
+        )
+    return CalibrationClaim(run, role, plan)
 
 
 def key_id(key: bytes) -> str:
@@ -184,6 +243,7 @@ class RequestContext:
     response_contract: dict[str, str]
     segments: tuple[tuple[str, int, int], ...] | None
     lora_id: str | None  # the request's LoRA adapter (server-side ``req.lora_id``), None without one
+    calibration: CalibrationClaim | None = None  # a ``semgov calibrate`` request (its namespace is the run's)
 
     def scope(self, key: bytes, cache_salt: str | None = None) -> str:
         """Isolation scope of semantic candidates: tenant, namespace, LoRA id and cache salt, keyed.
@@ -252,11 +312,13 @@ def make_context_token(
     expires_at: int | None = None,
     lifetime_s: int = 300,
     now: float | None = None,
+    calibration: CalibrationClaim | None = None,
 ) -> str:
     """What a gateway writes into ``extra_key`` (raises :class:`ContextError` on bad fields).
 
     The token expires at ``expires_at`` (integer Unix seconds), by default ``lifetime_s`` after
-    ``now`` (the clock when None)."""
+    ``now`` (the clock when None). With ``calibration``, ``namespace`` must be the run's
+    (:func:`calibration_namespace`)."""
     doc: dict[str, Any] = {
         "tenant": tenant,
         "namespace": namespace,
@@ -265,6 +327,10 @@ def make_context_token(
     }
     if segments is not None:
         doc["segments"] = [list(s) for s in segments]
+    if calibration is not None:
+        doc["calibration"] = {"run": calibration.run, "role": calibration.role}
+        if calibration.plan is not None:
+            doc["calibration"]["plan"] = calibration.plan
     _validate(doc, None)
     exp = expires_at if expires_at is not None else int(time.time() if now is None else now) + lifetime_s
     doc.update({"aud": audience, "kid": key_id(key), "exp": exp})
@@ -396,6 +462,14 @@ def _valid_fast(doc: Any, lora_id: str | None) -> RequestContext | None:
             parsed.append((role, a, b))
             end = b
         segments = tuple(parsed)
+    calibration: CalibrationClaim | None = None
+    if "calibration" in doc:
+        try:
+            calibration = _calibration(doc["calibration"], doc["namespace"])
+        except ContextError:
+            return None
+    elif CALIBRATION_MARK in doc["namespace"]:
+        return None
     return RequestContext(
         tenant=doc["tenant"],
         namespace=doc["namespace"],
@@ -403,6 +477,7 @@ def _valid_fast(doc: Any, lora_id: str | None) -> RequestContext | None:
         response_contract={"id": contract["id"], "schema_sha256": digest},
         segments=segments,
         lora_id=lora_id,
+        calibration=calibration,
     )
 
 
@@ -445,6 +520,14 @@ def _validate_models(doc: Any, lora_id: str | None) -> RequestContext:
                 )
             parsed.append((seg.role, seg.start, seg.end))
         segments = tuple(parsed)
+    calibration: CalibrationClaim | None = None
+    if "calibration" in doc:
+        calibration = _calibration(doc["calibration"], doc["namespace"])
+    elif CALIBRATION_MARK in doc["namespace"]:
+        raise ContextError(
+            f"context namespace holds {CALIBRATION_MARK!r}, reserved for calibration runs, without a "
+            "calibration claim"
+        )
     return RequestContext(
         tenant=doc["tenant"],
         namespace=doc["namespace"],
@@ -452,6 +535,7 @@ def _validate_models(doc: Any, lora_id: str | None) -> RequestContext:
         response_contract=contract.model_dump(),
         segments=segments,
         lora_id=lora_id,
+        calibration=calibration,
     )
 
 

@@ -42,6 +42,7 @@ from semgov.signing.provenance import provenance_payload, sign_provenance
 from semgov.wire.models import Prompt, Provenance
 
 Clock = Callable[[], datetime]
+MAX_RELEASED = 4096  # released calibration scopes remembered (each is one measured pair's)
 Detokenize = Callable[[Sequence[int]], str]
 
 
@@ -276,6 +277,9 @@ class DonorRegistry:
         self._background = background
         self._donors: dict[str, LiveDonor] = {}
         self._by_scope: dict[str, OrderedDict[str, None]] = {}
+        # NOTE: scopes a calibration run released (the newest MAX_RELEASED): a donor of one that
+        # was still registering when it was released is dropped when it arrives, never made visible.
+        self._released: OrderedDict[str, None] = OrderedDict()
         self._ready: queue.SimpleQueue[LiveDonor] = queue.SimpleQueue()
         # NOTE: with tensor parallelism (set by the cache on rank 0), every registry change in
         # order, for the next round's message to the other ranks (engine_hooks.sglang.tp).
@@ -366,6 +370,11 @@ class DonorRegistry:
             except queue.Empty:
                 return n
             self.drop(entry.donor_id)
+            if entry.scope in self._released:
+                self._on_change(ProviderOp(None, entry.donor_id))  # NOTE: the provider may hold it
+                if self.donor_log is not None:
+                    self.unregistered.put(entry.donor_id)  # NOTE: the other ranks forget their copy
+                continue
             scope = self._by_scope.setdefault(entry.scope, OrderedDict())
             # NOTE: the registry keeps what the provider keeps: the newest max_donors_per_scope.
             while len(scope) >= self.max_per_scope:
@@ -393,6 +402,18 @@ class DonorRegistry:
         """The tree was flushed: no donor's KV is left."""
         for donor_id in list(self._donors):
             self.drop(donor_id)
+
+    def release_scope(self, scope: str) -> int:
+        """Scheduler thread: drop every donor of ``scope`` and any still registering (a calibration
+        run is done with it); how many were dropped."""
+        ids = list(self._by_scope.get(scope, ()))
+        for donor_id in ids:
+            self.drop(donor_id)
+        self._released[scope] = None
+        self._released.move_to_end(scope)
+        while len(self._released) > MAX_RELEASED:
+            self._released.popitem(last=False)
+        return len(ids)
 
     def has_scope(self, scope: str) -> bool:
         """Whether the registry holds any donor of this scope."""

@@ -274,6 +274,14 @@ class Governor:
         """Scheduler thread: whether the registry holds any donor of this request's scope."""
         return self.donors.has_scope(ctx.scope(self.context_key, cache_salt))
 
+    def release_scope(self, ctx: RequestContext, cache_salt: str | None) -> int:
+        """Scheduler thread: a calibration run released this request's scope: its donors are dropped
+        (also those still registering), audited as ``calibration_released``; how many."""
+        n = self.donors.release_scope(ctx.scope(self.context_key, cache_salt))
+        run = ctx.calibration.run if ctx.calibration is not None else "-"
+        self.event("calibration_released", detail=f"calibration run {run}: {n} donor(s) dropped")
+        return n
+
     def forget_all_donors(self) -> None:
         """The tree was flushed: no donor's KV is left."""
         self.donors.forget_all()

@@ -39,12 +39,13 @@ from engine_hooks.core.donors import DonorEntry, prompt_of
 from engine_hooks.core.metrics import HookMetrics
 from engine_hooks.core.reload import fingerprint
 from engine_hooks.core.settings import HookConfigError, HookSettings
-from semgov.context import RequestContext
+from semgov.context import RequestContext, bounded_repr
 from semgov.decide import Evaluator
 from semgov.errors import SemgovError
 from semgov.facts.pii import PiiScanner
 from semgov.intake.capture_writer import CaptureWriter
 from semgov.log import describe_error, get_logger
+from semgov.policy.calibration import trial_source
 from semgov.policy.engine import PolicySource
 from semgov.policy.source import load_policy_source, make_engine
 from semgov.signing.keys import Keyring, SigningKey
@@ -53,6 +54,7 @@ from semgov.typing import SignedDecision
 from semgov.wire.models import CAPTURED_REQUEST_SCHEMA, Candidate, CapturedRequest
 
 Role = Literal["live", "shadow"]
+MAX_TRIALS = 8  # calibration trial policies kept (one per plan a run tries; the newest kept)
 
 
 def read_trust(settings: HookSettings) -> tuple[bytes, str]:
@@ -160,6 +162,7 @@ class LiveDecided:
     request: CapturedRequest
     decisions: list[SignedDecision]
     now: datetime
+    calibration: bool = False  # decided for a calibration run (no shadow, no capture)
 
 
 def build_request(
@@ -219,6 +222,7 @@ class HookPolicies:
         raw, digest = read_trust(settings)
         keyring = load_trust(settings, key, raw)
         self.live = self._load("live", settings.policy, (keyring, digest), None)
+        self._trials: dict[tuple[str, str], Evaluator | None] = {}  # (live revision, plan) -> trial
         self.shadow: LoadedPolicy | None = None
         if settings.shadow_policy is not None:
             try:
@@ -292,7 +296,40 @@ class HookPolicies:
         Raises only when the request itself cannot be built (the caller then decides nothing).
         """
         req = build_request(now, request_id, ctx, token_ids, text, candidates)
+        calibration = ctx.calibration
+        if calibration is not None:
+            # NOTE: a calibration recipient: the live policy plus the run's plan (its own revision);
+            # no shadow record and no capture (its traffic is the calibration run's, not production's).
+            evaluator = self.trial_evaluator(calibration.plan) if calibration.role == "recipient" else None
+            if evaluator is None:
+                raise ValueError(f"a calibration {calibration.role} is not decided")
+            return LiveDecided(req, evaluator.evaluate(req, now=now), now, calibration=True)
         return LiveDecided(req, self.live.evaluator.evaluate(req, now=now), now)
+
+    def trial_evaluator(self, plan: str | None) -> Evaluator | None:
+        """The evaluator of the live policy's calibration trial for ``plan``
+        (:func:`semgov.policy.calibration.trial_source`), built once per live revision and plan
+        (the newest :data:`MAX_TRIALS` kept); None when there is none (the request is not decided).
+        """
+        live = self.live
+        key = (live.revision, plan or "")
+        found = self._trials.get(key)
+        if found is not None or key in self._trials:
+            return found
+        evaluator: Evaluator | None = None
+        try:
+            source = trial_source(live.source, plan or "")
+            evaluator = self._load("live", live.path, (live.evaluator.ctx.keyring, live.keyring_digest),
+                                   live.evaluator.ctx.pii_scanner, source).evaluator  # fmt: skip
+        except (SemgovError, ValueError) as e:
+            get_logger().warning(
+                "semgov calibration plan refused: its recipients are not decided",
+                plan=bounded_repr(plan), revision=live.revision, error=describe_error(e),
+            )  # fmt: skip
+        while len(self._trials) >= MAX_TRIALS:
+            self._trials.pop(next(iter(self._trials)))
+        self._trials[key] = evaluator
+        return evaluator
 
     def decide_shadow(self, live: LiveDecided) -> list[SignedDecision]:
         """The shadow policy's records for the same request (none without one), then the capture.
@@ -300,6 +337,8 @@ class HookPolicies:
         Never raises: a shadow that fails records nothing (logged); the live path is already done.
         """
         out: list[SignedDecision] = []
+        if live.calibration:
+            return out
         shadow = self.shadow
         if shadow is not None:
             try:

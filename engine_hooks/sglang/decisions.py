@@ -41,7 +41,7 @@ class Decisions:
         """Queue the request's candidate search and decision (once), if it has donors to look at."""
         hook = self.hook
         st.decided = True
-        if st.context is None or limit - m < hook.settings.min_unmatched_tokens:
+        if st.context is None or st.calibration == "donor" or limit - m < hook.settings.min_unmatched_tokens:
             return
         if not hook.gov.has_donors(st.context, st.cache_salt):
             return  # NOTE: nothing of its scope is registered: no decision, nothing to wait for
@@ -190,7 +190,11 @@ class Decisions:
         for its scope, nor, while its scope is on probation, if no canary can replay it
         (:meth:`~engine_hooks.core.canary.Canaries.shifted_ok`)."""
         can = self.hook.canaries
-        return can is None or st.context is None or can.shifted_ok(st.context, self.hook.reqs.get(st.serial))
+        if can is None or st.context is None or st.calibration is not None:
+            return (
+                True  # NOTE: a calibration recipient measures its plan, whatever production's canaries found
+            )
+        return can.shifted_ok(st.context, self.hook.reqs.get(st.serial))
 
     def copyable(self, dec: SignedDecision, shifted_ok: bool) -> Spans:
         """What of a decision's approved spans is copied: all of it, less each span's leading tokens

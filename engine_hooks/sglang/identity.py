@@ -37,6 +37,8 @@ class Identity:
         st = ReqState(serial, request_label(req.rid), ctx, derived, salt, canary=canary)
         if canary:
             req.skip_radix_cache_insert = True  # NOTE: a replay's KV is nobody's prefix
+        elif ctx is not None and ctx.calibration is not None:
+            self._calibration(req, st, ctx)
         if getattr(req, "session", None) is not None:
             try:
                 self.session_check(req, st)
@@ -80,6 +82,26 @@ class Identity:
             self.checks.hook_error("context", None, e)
             ctx, derived = None, f"{KEY_PREFIX}anon:isolated:{hook.boot}-{serial}"
         return ctx, derived, salt, canary
+
+    def _calibration(self, req: Any, st: ReqState, ctx: RequestContext) -> None:
+        """A ``semgov calibrate`` request (its namespace is its run's): the role's treatment.
+
+        ``cold`` and ``release`` lose their context (no decision, no reuse, never a donor) and get a
+        tree key of their own; ``release`` first drops the run's donors (the calibration is done
+        with the pair); only a ``donor``'s KV enters the tree."""
+        assert ctx.calibration is not None
+        role = st.calibration = ctx.calibration.role
+        if role == "donor":
+            return
+        req.skip_radix_cache_insert = True  # NOTE: a measured answer's KV is nobody's prefix
+        if role == "recipient":
+            return
+        if role == "release":
+            try:
+                self.hook.gov.release_scope(ctx, st.cache_salt)
+            except Exception as e:  # noqa: BLE001 - a registry problem costs the release, never the scheduler
+                self.checks.hook_error("calibration_release", None, e)
+        st.context, st.cache_key = None, f"{KEY_PREFIX}calibration:{self.hook.boot}-{st.serial}"
 
     def session_check(self, req: Any, st: ReqState) -> None:
         """An SGLang session request continues another request's tokens (and, streaming, its KV)

@@ -95,7 +95,13 @@ class Release:
         hook.reqs.pop(st.serial, None)
         aborted = isinstance(req.finished_reason, FINISH_ABORT)
         self.unrealized_at_end(st, aborted)
-        if hook.canaries is not None and st.shifted and st.context is not None and not aborted:
+        if (
+            hook.canaries is not None
+            and st.shifted
+            and st.context is not None
+            and st.calibration is None
+            and not aborted
+        ):
             dec = st.chosen
             hook.canaries.offer(
                 req,
@@ -108,6 +114,7 @@ class Release:
             checkpointed
             and st.context is not None
             and not st.recipient
+            and st.calibration in (None, "donor")
             and not aborted
             and hook.reuse_disabled is None
         ):

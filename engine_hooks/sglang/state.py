@@ -84,6 +84,10 @@ class ReqState:
     regions_realized: int = 0
     shifted: bool = False  # it received shifted KV (a canary may replay it cold)
     canary: bool = False  # a canary's cold replay (engine_hooks.core.canary): no reuse, never a donor
+    # NOTE: a ``semgov calibrate`` request's role (semgov.context.CalibrationClaim): a ``donor`` is
+    # never decided; ``cold`` and ``release`` have no context (no reuse) and a key of their own; a
+    # ``recipient`` is decided under the run's plan; only a donor ever becomes one or enters the tree.
+    calibration: str | None = None
     # NOTE: allow decisions of this request that already have their "not realized" event (each
     # allow gets one outcome: a realization, or one such event; engine_hooks.core.unrealized).
     reported: set[str] = field(default_factory=set)

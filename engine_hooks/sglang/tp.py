@@ -265,6 +265,11 @@ class FollowerGovernor:
     def drop_donor(self, donor_id: str) -> None:
         pop_donor(self._donors, self._by_scope, donor_id)
 
+    def release_scope(self, ctx: RequestContext, cache_salt: str | None) -> int:
+        """A calibration run released a scope: the leader drops its donors, and this rank replays
+        the drops from the leader's next round message."""
+        return 0
+
     def forget_all_donors(self) -> None:
         for donor_id in list(self._donors):
             self.drop_donor(donor_id)

@@ -125,6 +125,7 @@ class SchedulerSide:
             (
                 "decided",
                 "allowed",
+                "calibration_refused",
                 "loads",
                 "realized_tokens",
                 "failed_loads",
@@ -159,6 +160,11 @@ class SchedulerSide:
                 # extra_key): the token is verified alone, then bound to vLLM's resolved adapter, so
                 # a LoRA request's candidates and donors are those of its adapter only.
                 ctx = self.gov.verdict_of(token, None, dedicated=True).context
+                if ctx is not None and ctx.calibration is not None:
+                    # NOTE: calibration runs against SGLang only (docs/vllm.md "What it realizes"):
+                    # here its requests are served cold, decided for nothing and never donors.
+                    self.stats["calibration_refused"] += 1
+                    ctx = None
                 if ctx is not None:
                     ctx = dataclasses.replace(ctx, lora_id=lora if isinstance(lora, str) else None)
             st = _Req(request_label(rid), ctx, salt, array("q", request.prompt_token_ids or ()))

@@ -44,19 +44,26 @@ class FrameWalker:
     stops at the first frame that is neither.
     """
 
-    def __init__(self, f: BinaryIO, file_size: int, on_seal: SealCallback | None = None) -> None:
+    def __init__(
+        self,
+        f: BinaryIO,
+        file_size: int,
+        on_seal: SealCallback | None = None,
+        *,
+        start: tuple[int, int] = (0, 0),
+    ) -> None:
         self._f = f
         self.file_size = file_size
         self.on_seal = on_seal
         self.bad: BadFrame | None = None
-        self.end = 0  # end of the last good frame
-        self.count = 0  # records
+        self._start = start  # NOTE: (byte offset, record index) of a frame boundary walked before
+        self.end, self.count = start  # end of the last good frame, records
 
     def __iter__(self) -> Iterator[tuple[int, int, bytes]]:
         f, size, hsize = self._f, self.file_size, FRAME_HEADER.size
         unpack = FRAME_HEADER.unpack
-        off, index = 0, 0
-        f.seek(0)
+        off, index = self._start
+        f.seek(off)
         while off < size:
             if size - off < hsize:
                 self.bad = BadFrame(
@@ -272,3 +279,57 @@ def decoded_records(directory: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             "crashed, or someone else appended them); these are counts of unverified records: run "
             "`semgov audit verify`"
         )
+
+
+class AuditTail:
+    """The records a live log gained since the last :meth:`poll`, decoded (no lock, no writes).
+
+    For a reader that follows a running writer (``semgov calibrate`` reading the server's own
+    events): each poll walks only the frames past the last one read, stops quietly at a frame the
+    writer has not finished, and raises :class:`~semgov.audit.errors.AuditLogError` for a bad frame
+    or a log that shrank below what was read. Records are not verified here.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.offset = 0
+        self.index = 0
+
+    def poll(self) -> list[dict[str, Any]]:
+        path = self.directory / LOG_FILE
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return []  # NOTE: no record written yet
+        except OSError as e:
+            raise AuditLogError(f"cannot read audit log: {e.strerror}", source=str(path)) from e
+        out: list[dict[str, Any]] = []
+        with os.fdopen(fd, "rb", buffering=READ_CHUNK) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < self.offset:
+                raise AuditLogError(
+                    f"the log is {size} bytes, shorter than the {self.offset} already read (replaced?)",
+                    source=str(path),
+                )
+            walker = FrameWalker(f, size, start=(self.offset, self.index))
+            for i, _, leaf in walker:
+                out.append(_decoded(i, leaf, path))
+            bad = walker.bad
+            if bad is not None and not is_torn_tail(bad, f, size, durable_bound(self.directory, size)):
+                raise frame_error(str(path), bad, size, torn=False)  # NOTE: else a write in progress
+            self.offset, self.index = walker.end, walker.count
+        return out
+
+
+def _decoded(i: int, leaf: bytes, path: Path) -> dict[str, Any]:
+    try:
+        rec = (
+            strictjson.loads(leaf)
+            if leaf.count(b"[") + leaf.count(b"{") > strictjson.MAX_DEPTH
+            else json.loads(leaf)
+        )
+    except ValueError as e:
+        raise AuditLogError(f"record {i} is not JSON: {e}", source=str(path)) from e
+    if not isinstance(rec, dict):
+        raise AuditLogError(f"record {i} is not a JSON object", source=str(path))
+    return rec

@@ -150,6 +150,19 @@ def overlay_yaml(base: bytes, source: str, results: Sequence[ScopeResult], note:
 def overlay_rego(text: str, source: str, results: Sequence[ScopeResult]) -> str:
     """A Rego policy module with its ``quality_rules := [...]`` line (one line) holding the
     calibrated rules first; :class:`PolicyError` when the module has no such line."""
+    mine = [r for s in results if (r := s.rule()) is not None]
+    scoped = {(r["task"], r["response_contract"]) for r in mine}
+    return _with_rego_rules(
+        text, source, lambda existing: mine + [r for r in existing if _scope_of(r) not in scoped]
+    )
+
+
+def _scope_of(rule: Any) -> tuple[Any, Any]:
+    return (rule.get("task"), rule.get("response_contract")) if isinstance(rule, dict) else (None, None)
+
+
+def _with_rego_rules(text: str, source: str, change: Any) -> str:
+    """``text`` with its one-line ``quality_rules := [...]`` replaced by ``change(existing)``."""
     lines = text.splitlines(keepends=True)
     at = [i for i, line in enumerate(lines) if line.startswith("quality_rules := ")]
     if len(at) != 1:
@@ -165,11 +178,70 @@ def overlay_rego(text: str, source: str, results: Sequence[ScopeResult]) -> str:
         raise PolicyError(
             f"quality_rules is not a JSON-style array on one line: {current[:80]}", source=source
         ) from e
-    mine = [r for s in results if (r := s.rule()) is not None]
-    scoped = {(r["task"], r["response_contract"]) for r in mine}
-    kept = [r for r in existing if (r.get("task"), r.get("response_contract")) not in scoped]
-    lines[at[0]] = f"quality_rules := {json.dumps(mine + kept)}\n"
+    if not isinstance(existing, list):
+        raise PolicyError(f"quality_rules is not an array: {current[:80]}", source=source)
+    lines[at[0]] = f"quality_rules := {json.dumps(change(existing))}\n"
     return "".join(lines)
+
+
+# ---- the policy a calibration run's recipients are decided by --------------------------------------
+
+TRIAL_MARK = "+calibrate:"
+
+
+def trial_rule(plan: str) -> dict[str, Any]:
+    """The quality rule a calibration recipient is decided under: shifted reuse on, ``plan``'s
+    realization, for every scope (first, so it is the one that applies)."""
+    return {"allow_shifted": True, **plan_settings(plan)}
+
+
+def trial_revision(revision: str, plan: str) -> str:
+    """The revision a calibration recipient's decision records: the live revision, then the plan
+    (``sha256:...+calibrate:bookend:16+256``): what decided it, readable from the record alone."""
+    return f"{revision}{TRIAL_MARK}{plan}"
+
+
+def trial_source(source: Any, plan: str) -> Any:
+    """``source`` (a loaded YAML or Rego policy) with :func:`trial_rule` first in its quality rules,
+    under :func:`trial_revision`: the policy a calibration run's recipients are decided by, the live
+    one in every other respect. ``ValueError`` for a plan no policy can sign; :class:`PolicyError`
+    when the policy forbids shifted reuse (``token_verification.allow_shifted: false``) or, for Rego,
+    has no single one-line ``quality_rules := [...]`` to put the rule in."""
+    import dataclasses
+
+    from semgov.policy.rego.loader import RegoPolicy
+    from semgov.policy.yaml.model import Policy, QualityRule
+
+    rule = trial_rule(plan)
+    revision = trial_revision(source.revision, plan)
+    if isinstance(source, Policy):
+        if not source.token_verification.allow_shifted:
+            raise PolicyError(
+                "token_verification.allow_shifted is false: this policy forbids shifted reuse, and "
+                "no quality rule can turn it on; there is nothing to calibrate",
+                source=f"{source.name}@{source.version}",
+            )
+        q = source.quality
+        trial = source.model_copy(
+            update={"quality": q.model_copy(update={"rules": [QualityRule(**rule), *q.rules]})}
+        )
+        trial._revision = revision
+        return trial
+    if isinstance(source, RegoPolicy):
+        holders = [
+            n
+            for n, t in source.modules.items()
+            if any(x.startswith("quality_rules := ") for x in t.splitlines())
+        ]
+        if len(holders) != 1:
+            raise PolicyError(
+                "no single module holds a one-line `quality_rules := [...]` parameter",
+                source=str(source.directory),
+            )
+        name = holders[0]
+        text = _with_rego_rules(source.modules[name], name, lambda existing: [rule, *existing])
+        return dataclasses.replace(source, modules={**source.modules, name: text}, revision=revision)
+    raise PolicyError(f"cannot calibrate a {type(source).__name__} policy", source=str(source))
 
 
 def table(results: Sequence[ScopeResult], methods: Sequence[str], budget: float) -> str:

@@ -107,8 +107,8 @@ def engine_event(
     """A validated, unsigned ``semgov.engine_event/v2`` record as JSON data.
 
     ``kind``: ``realization``, ``realization_failed``, ``invariant_violation``,
-    ``reuse_disabled``, ``canary``, ``shifted_reuse_disabled``, ``policy_loaded`` or
-    ``policy_load_failed`` (checked here, like every other field).
+    ``reuse_disabled``, ``canary``, ``shifted_reuse_disabled``, ``policy_loaded``,
+    ``policy_load_failed`` or ``calibration_released`` (checked here, like every other field).
 
     ``slots`` are the KV-pool slot indices written, one per token, in order; they are stored
     compressed (:func:`slot_ranges`). ``spans`` are the realized ``{recipient_start,

@@ -399,6 +399,7 @@ EngineEventKind = Literal[
     "shifted_reuse_disabled",
     "policy_loaded",
     "policy_load_failed",
+    "calibration_released",
 ]
 # The kinds a ``semgov.engine_event/v1`` record may have (v2 added the canary's two).
 V1_EVENT_KINDS = frozenset({"realization", "realization_failed", "invariant_violation", "reuse_disabled"})
@@ -425,7 +426,9 @@ class EngineEvent(_Strict):
     the engine reloaded its live or shadow policy (or keyring) while running, and decides with it
     from its next decision on (``detail``: which one, its ``name@version`` and revision, and the
     revision it replaced); ``policy_load_failed``: such a reload failed and the engine kept deciding
-    with the policy it had (``detail``: why, and the revision kept).
+    with the policy it had (``detail``: why, and the revision kept); ``calibration_released``: a
+    ``semgov calibrate`` run released one measured pair's scope and the engine dropped its donors
+    (``detail``: the run and how many were dropped).
     """
 
     schema_: Literal["semgov.engine_event/v1", "semgov.engine_event/v2"] = Field(alias="schema")

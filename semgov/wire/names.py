@@ -44,6 +44,7 @@ ENGINE_EVENT_KINDS = (
     "shifted_reuse_disabled",
     "policy_loaded",
     "policy_load_failed",
+    "calibration_released",
 )
 
 

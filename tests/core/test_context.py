@@ -553,9 +553,21 @@ _segment = st.one_of(
     st.tuples(st.sampled_from(["system", "evidence", "question", "Evidence"]), _scalar, _scalar).map(list),
     st.lists(_scalar, max_size=4),
 )
+_run = st.sampled_from(["r1-c0", "r1", "", "bad run", "a" * 48, "a" * 49, "r1/c0"])
+_claim = st.one_of(
+    st.fixed_dictionaries(
+        {"run": _run, "role": st.sampled_from(["donor", "cold", "recipient", "release", "admin"])},
+        optional={"plan": st.sampled_from(["bookend:16+256", "trailing:128", "none", "BAD", "a" * 80]),
+                  "extra": _scalar},
+    ),
+    _scalar,
+)  # fmt: skip
 _changes = {
     "tenant": _text,
-    "namespace": _text,
+    "namespace": st.one_of(
+        _text, st.sampled_from(["ns1/semgov-calibration/r1-c0", "/semgov-calibration/r1"])
+    ),
+    "calibration": _claim,
     "task": st.one_of(st.fixed_dictionaries({"id": _text, "version": _text}), _scalar),
     "task.id": _text,
     "response_contract": st.one_of(st.fixed_dictionaries({"id": _text, "schema_sha256": _hex}), _scalar),
@@ -617,3 +629,66 @@ def test_the_fast_validation_takes_a_gateways_usual_context() -> None:
     assert {doc.pop("aud"), doc.pop("kid")} == {AUD, key_id(KEY)} and doc.pop("exp") > time.time()
     fast = _valid_fast(doc, None)
     assert fast is not None and fast == parse_context_token(KEYS, token)
+
+
+# ---- the calibration claim -----------------------------------------------------------------------
+
+
+def test_a_calibration_claim_round_trips_in_its_runs_namespace() -> None:
+    """A token with a calibration claim and the run's namespace parses to a context that carries it."""
+    from semgov.context import CalibrationClaim, calibration_namespace
+
+    claim = CalibrationClaim("r7-c3", "recipient", "bookend:16+256")
+    ns = calibration_namespace("acme/research", "r7-c3")
+    assert ns == "acme/research/semgov-calibration/r7-c3"
+    ctx = parse_context_token(KEYS, _token(namespace=ns, calibration=claim))
+    assert ctx.calibration == claim and ctx.namespace == ns
+
+
+@pytest.mark.parametrize(
+    "namespace, claim, match",
+    [
+        ("acme/research", ("r7", "donor", None), "must be <namespace>/semgov-calibration/<run>"),
+        ("acme/semgov-calibration/r8", ("r7", "donor", None), "must be <namespace>/semgov-calibration/<run>"),
+        ("/semgov-calibration/r7", ("r7", "donor", None), "must be <namespace>/semgov-calibration/<run>"),
+        ("a/semgov-calibration/r7", ("r7", "recipient", None), "plan is given for the recipient role"),
+        ("a/semgov-calibration/r7", ("r7", "donor", "none"), "plan is given for the recipient role"),
+        ("a/semgov-calibration/r7", ("r7", "admin", None), "role must be one of"),
+        ("a/semgov-calibration/r/7", ("r/7", "donor", None), "calibration.run must be"),
+    ],
+)
+def test_a_calibration_claim_out_of_its_namespace_or_malformed_is_refused(
+    namespace: str, claim: tuple[str, str, str | None], match: str
+) -> None:
+    """A claim whose namespace is not its run's, or whose role or plan is wrong, is refused by name."""
+    from semgov.context import CalibrationClaim
+
+    with pytest.raises(ContextError, match=match):
+        _token(namespace=namespace, calibration=CalibrationClaim(*claim))
+
+
+def test_the_calibration_namespace_is_reserved_for_claims() -> None:
+    """A context claiming a calibration run's namespace without the claim is refused (MAC or not)."""
+    with pytest.raises(ContextError, match="reserved for calibration runs"):
+        _token(namespace="acme/semgov-calibration/r7")
+    doc = {**_doc(), "namespace": "acme/semgov-calibration/r7"}
+    with pytest.raises(ContextError, match="reserved for calibration runs"):
+        parse_context_token(KEYS, _signed(json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()))
+
+
+def test_calibration_namespaces_separate_scopes_from_production() -> None:
+    """A calibration run's donors live in a scope no production request of the namespace shares."""
+    from semgov.context import CalibrationClaim, calibration_namespace
+
+    prod = parse_context_token(KEYS, _token(namespace="acme/research"))
+    ns = calibration_namespace("acme/research", "r1")
+    cal = parse_context_token(KEYS, _token(namespace=ns, calibration=CalibrationClaim("r1", "donor")))
+    other = parse_context_token(
+        KEYS,
+        _token(
+            namespace=calibration_namespace("acme/research", "r2"),
+            calibration=CalibrationClaim("r2", "donor"),
+        ),
+    )
+    scopes = {c.scope(KEY) for c in (prod, cal, other)}
+    assert len(scopes) == 3

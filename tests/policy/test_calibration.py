@@ -234,3 +234,47 @@ def test_a_policy_that_forbids_shifted_reuse_everywhere_has_nothing_to_calibrate
     assert main([*args, "--out", str(tmp_path / "o"), "--model", "tiny"]) == 2
     err = capsys.readouterr().err
     assert "policy.yaml" in err and "nothing to calibrate" in err
+
+
+def test_trial_sources_decide_alike_with_the_plan_and_a_revision_that_names_it() -> None:
+    """The calibration trial of the default policy, YAML and Rego, approves shifted spans with the
+    plan's head and tail, decides alike in both languages, and records the live revision plus the plan."""
+    from semgov.policy.calibration import trial_source
+
+    kr = Keyring.load(EX / "keyring.json")
+    sk = load_signing_key(EX / "keys" / "decision-signing-key.pem")
+    yaml_live, rego_live = load_policy(DEFAULT_POLICY_DIR), load_rego_policy(REGO)
+    yaml_t, rego_t = trial_source(yaml_live, "bookend:16+256"), trial_source(rego_live, "bookend:16+256")
+    assert yaml_t.revision == f"{yaml_live.revision}+calibrate:bookend:16+256"
+    assert rego_t.revision == f"{rego_live.revision}+calibrate:bookend:16+256"
+    assert (yaml_t.name, yaml_t.version, rego_t.name, rego_t.version) == ("default", "1", "default", "1")
+    evs = (Evaluator(yaml_t, kr, sk), Evaluator(rego_t, kr, sk, engine=RegorusEngine(rego_t)))
+    live = Evaluator(yaml_live, kr, sk)
+    shifted = 0
+    with gzip.open(EX / "captured.jsonl.gz", "rt") as f:
+        for line in list(f)[:400]:
+            req = CapturedRequest.model_validate_json(line)
+            for docs in zip(*(ev.policy_inputs(req) for ev in evs), live.policy_inputs(req), strict=True):
+                a, b = (ev.decide(doc) for ev, doc in zip(evs, docs[:2], strict=True))
+                assert [(g.gate, g.result) for g in a.gates] == [(g.gate, g.result) for g in b.gates]
+                assert a.approved_spans == b.approved_spans
+                for s in a.approved_spans:
+                    if s.kind == "shifted":
+                        shifted += 1
+                        assert s.recompute == min(s.length, 16)
+                off = live.decide(docs[2])
+                assert not any(s.kind == "shifted" for s in off.approved_spans)  # off in the live one
+    assert shifted >= 10
+    assert rego_live.modules != rego_t.modules and yaml_live.quality.rules == []
+
+
+def test_a_trial_of_a_policy_that_forbids_shifted_reuse_is_refused() -> None:
+    """token_verification.allow_shifted false: no calibration trial can exist (PolicyError says why)."""
+    from semgov.policy.calibration import trial_source
+
+    text = (DEFAULT_POLICY_DIR / "policy.yaml").read_text()
+    p = parse_policy(text.replace("  allow_shifted: true\n", "  allow_shifted: false\n", 1).encode(), "p.yaml")
+    with pytest.raises(PolicyError, match="nothing to calibrate"):
+        trial_source(p, "none")
+    with pytest.raises(ValueError, match="not a plan a policy can sign"):
+        trial_source(load_policy(DEFAULT_POLICY_DIR), "selective:20%")
