@@ -13,10 +13,8 @@ plan it; prefix-only decisions once, as approved. The trials go to :mod:`semgov.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,58 +24,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from engine_hooks.reference import materialize as mz
 from engine_hooks.reference import realize
 from engine_hooks.reference.bench import first_divergence, load_model
-from semgov import CapturedRequest, Evaluator, Keyring
-from semgov.intake.capture import read_captured
+from semgov import Evaluator, Keyring
+from semgov.calibrate.sample import sample_cases, trial_policy
 from semgov.policy.calibration import Trial
 from semgov.policy.yaml.model import Policy
 from semgov.signing.keys import SigningKey
-
-
-@dataclass(frozen=True)
-class _Case:
-    request: CapturedRequest
-    candidate: int
-    record: dict[str, Any]
-    kind: str
-
-
-def trial_policy(policy: Policy) -> Policy:
-    """``policy`` with shifted spans on in every scope and nothing planned: what calibration tries.
-
-    ``ValueError`` when ``token_verification.allow_shifted`` is false: shifted reuse is forbidden
-    there, and no rule calibration writes could turn it on."""
-    if not policy.token_verification.allow_shifted:
-        raise ValueError(
-            "token_verification.allow_shifted is false: shifted reuse is forbidden by this policy, and no "
-            "quality rule can turn it on; there is nothing to calibrate"
-        )
-    q = policy.quality
-    neutral = {"allow_shifted": True, "shifted_recompute_percent": 0, "min_recompute_tokens": 0,
-               "shifted_recompute_tail_tokens": 0}  # fmt: skip
-    rules = [r.model_copy(update=dict.fromkeys(neutral)) for r in q.rules]  # NOTE: the scope only
-    return policy.model_copy(update={"quality": q.model_copy(update={**neutral, "rules": rules})})
-
-
-def _cases(path: Path, ev: Evaluator, per_scope: int, seed: int) -> tuple[list[_Case], int]:
-    """Allowed (request, candidate) pairs, at most ``per_scope`` per scope and kind, seeded."""
-    found: dict[tuple[str, str, str], list[_Case]] = {}
-    n = 0
-    for item in read_captured(path):
-        if not isinstance(item, CapturedRequest):
-            continue
-        n += 1
-        for i, d in enumerate(ev.evaluate(item)):
-            if d.decision != "allow":
-                continue
-            kind = "shifted" if any(s["kind"] == "shifted" for s in d.approved_spans) else "prefix"
-            key = (item.task.id, item.response_contract.id, kind)
-            found.setdefault(key, []).append(_Case(item, i, d.record, kind))
-    rng = random.Random(seed)
-    out: list[_Case] = []
-    for key in sorted(found):
-        pool = found[key]
-        out += rng.sample(pool, min(per_scope, len(pool)))
-    return out, n
 
 
 def run_calibration(
@@ -99,13 +50,13 @@ def run_calibration(
     t0 = time.perf_counter()
     hows = [realize.parse(m) for m in methods]
     ev = Evaluator(trial_policy(policy), keyring, SigningKey.from_private(Ed25519PrivateKey.generate()))
-    cases, requests = _cases(captured, ev, per_scope, seed)
+    cases, requests = sample_cases(captured, ev, per_scope, seed)
     log(
         f"{requests} requests read, {len(cases)} allowed candidates sampled "
         f"(at most {per_scope} per scope and kind; shifted spans tried everywhere)"
     )
     lm = load_model(model, seed=seed)
-    runs: list[tuple[_Case, str, int | None]] = []  # (case, method, first divergence)
+    runs: list[tuple[Any, str, int | None]] = []  # (case, method, first divergence)
     floor: list[int | None] = []
     for i, case in enumerate(cases):
         req = case.request

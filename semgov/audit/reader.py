@@ -296,6 +296,13 @@ class AuditTail:
         self.index = 0
 
     def poll(self) -> list[dict[str, Any]]:
+        """The new records, decoded."""
+        leaves = self.poll_raw()
+        first = self.index - len(leaves)
+        return [_decoded(first + i, leaf, self.directory / LOG_FILE) for i, leaf in enumerate(leaves)]
+
+    def poll_raw(self) -> list[bytes]:
+        """The new records, as the log holds them (the bytes their signatures cover)."""
         path = self.directory / LOG_FILE
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -303,7 +310,7 @@ class AuditTail:
             return []  # NOTE: no record written yet
         except OSError as e:
             raise AuditLogError(f"cannot read audit log: {e.strerror}", source=str(path)) from e
-        out: list[dict[str, Any]] = []
+        out: list[bytes] = []
         with os.fdopen(fd, "rb", buffering=READ_CHUNK) as f:
             size = os.fstat(f.fileno()).st_size
             if size < self.offset:
@@ -312,8 +319,8 @@ class AuditTail:
                     source=str(path),
                 )
             walker = FrameWalker(f, size, start=(self.offset, self.index))
-            for i, _, leaf in walker:
-                out.append(_decoded(i, leaf, path))
+            for _, _, leaf in walker:
+                out.append(leaf)
             bad = walker.bad
             if bad is not None and not is_torn_tail(bad, f, size, durable_bound(self.directory, size)):
                 raise frame_error(str(path), bad, size, torn=False)  # NOTE: else a write in progress

@@ -822,3 +822,11 @@ def verify_bundle(
         raise ProofError(f"record {index}: {why}")
     rec: dict[str, Any] = json.loads(leaf)
     return rec
+
+
+def verify_leaf(leaf: bytes, keys: dict[str, Ed25519PublicKey]) -> str | None:
+    """Why one record, as a log holds it, is not a canonical signed record (decision, shadow
+    decision or engine event) of a key in ``keys`` (by the record's own ``key_id``); None when it
+    is one. Never raises (pure, for readers that follow a log: ``semgov calibrate``)."""
+    why, _, _ = inspect_record(leaf, keys, None)
+    return why

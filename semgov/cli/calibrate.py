@@ -1,8 +1,10 @@
 """``semgov calibrate``: measure answer regressions of governed reuse on captured traffic and write
 a policy whose quality rules keep only what stayed within a regression budget.
 
-A thin adapter: the runs happen in ``engine_hooks.reference.calibrate`` (imported only when the
-command runs); the statistics and the overlay are :mod:`semgov.policy.calibration`.
+A thin adapter: the paired runs happen in the team's own server (``--engine sglang``,
+:mod:`semgov.calibrate`) or on the CPU reference engine (``--engine reference``,
+``engine_hooks.reference.calibrate``, imported only when the command runs); the statistics and the
+overlay are :mod:`semgov.policy.calibration`.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from semgov.errors import InputError, PolicyError
 
 
 def _methods(text: str) -> list[str]:
+    """``--methods``: realizations a policy can plan, comma-separated, in order of preference."""
     from semgov.policy.calibration import plan_settings
 
-    """``--methods``: realizations a policy can plan, comma-separated, in order of preference."""
     out = [m.strip() for m in text.split(",") if m.strip()]
     if not out:
         raise argparse.ArgumentTypeError("no method given")
@@ -53,20 +55,50 @@ def _rate(text: str) -> float:
     return x
 
 
+def _seconds(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
+    return x
+
+
+def _non_negative(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {n}")
+    return n
+
+
+DESCRIPTION = (
+    "Paired cold/governed runs of sampled captured requests, compared the way each request's response "
+    "contract says (--contracts; token for token without one). The capture is decided locally with "
+    "shifted spans on in every scope (whatever the policy's quality section says; nothing else of the "
+    "policy changes), and at most --sample allowed candidates per task, response contract and span kind "
+    "are measured. --engine sglang runs each pair in your own SGLang server with the semgov backend, on "
+    "the model it serves (--server URL with the deployment's --context-key and --audience, or --gateway "
+    "URL with an API key allowed to calibrate): the donor, the recipient cold (no reuse, not even the "
+    "engine's prefix cache), then governed once per --methods plan, in a scope of the run's own that no "
+    "production request shares, the pair's donors released after; reuse counts only from the server's own"
+    " audit log (--audit, verified with --trust). --engine reference runs the pairs offline on the CPU "
+    "reference engine (--model). Per task id and response contract id it reports regressions, changed "
+    "answers and changed required values with 95% Wilson intervals and writes OUT/yaml/policy.yaml: the "
+    "YAML policy with quality rules first that turn shifted reuse on, per scope, with the first method of"
+    " at least --min-n trials whose regression rate's upper bound is within --budget, or off where none "
+    "is; with Turning semantic '     'reuse on"
+)
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "calibrate",
         help="measure reuse's answer regressions on captured traffic; write the policy that stays in budget",
-        description="Paired cold/warm runs of sampled captured requests on the CPU reference engine "
-        "(--model, default SmolLM2-135M-Instruct). The requests are decided with shifted spans on in every "
-        "scope (whatever the policy's quality section says; nothing else of the policy changes); for every "
-        "allowed candidate sampled, the recipient's greedy answer warm is compared with cold, and shifted "
-        "decisions are tried with each --methods realization. Per task id and response contract id it "
-        "reports the regression rate with a 95%% Wilson interval and writes OUT/yaml/policy.yaml: the YAML "
-        "policy with quality rules first that turn shifted reuse on, per scope, with the first method "
-        "whose interval's upper bound is within --budget, or off (allow_shifted: false) where none is; "
-        "with --rego also OUT/rego/, the Rego policy with the same rules. OUT/calibration.json holds "
-        "every count. Needs the model extra: " + MODEL_EXTRA_HINT + ".",
+        description=DESCRIPTION,
     )
     p.add_argument("captured", type=Path, metavar="CAPTURED.jsonl", help="captured requests (.gz ok)")
     p.add_argument("--policy", required=True, type=Path, metavar="DIR", help="the YAML policy to calibrate")
@@ -80,11 +112,22 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--engine",
-        choices=("reference",),
+        choices=("reference", "sglang", "vllm"),
         default="reference",
-        help="where the paired runs happen: the CPU reference engine (the only one so far)",
+        help="where the pairs run: your SGLang server (sglang), or offline on the CPU reference engine "
+        "(reference, the default); vllm is refused, saying why",
     )
-    p.add_argument("--model", choices=MODEL_CHOICES, default="smollm2-135m", metavar="MODEL", help=MODEL_HELP)
+    p.add_argument(
+        "--contracts", type=Path, metavar="FILE", help="response contracts: how answers are compared"
+    )
+    _server_args(p)
+    p.add_argument(
+        "--model",
+        choices=MODEL_CHOICES,
+        default="smollm2-135m",
+        metavar="MODEL",
+        help=MODEL_HELP + " (--engine reference only)",
+    )
     p.add_argument(
         "--sample",
         type=positive,
@@ -99,8 +142,7 @@ def register(sub: Any) -> None:
         metavar="M,M,...",
         help="realizations of shifted spans to try, cheapest first: the first within --budget is kept "
         "(none, leading:P%%, leading:N, boundary:N, trailing:N, bookend:H+T; default "
-        "trailing:128,bookend:16+256,trailing:512, cheapest first; on vLLM name head-free ones only: "
-        "none, trailing:N)",
+        "trailing:128,bookend:16+256,trailing:512)",
     )
     p.add_argument(
         "--percents",
@@ -116,10 +158,86 @@ def register(sub: Any) -> None:
         metavar="RATE",
         help="largest regression rate allowed, checked against the 95%% upper bound (default 0.2)",
     )
+    p.add_argument(
+        "--min-n",
+        type=positive,
+        default=1,
+        metavar="N",
+        help="trials a method needs before it can be kept (default 1: the bound alone decides)",
+    )
     p.add_argument("--max-new-tokens", type=positive, default=16, metavar="N", help="answer tokens compared")
     p.add_argument("--seed", type=int, default=7, help="sampling seed (default 7)")
-    p.add_argument("--threads", type=positive, default=1, metavar="T", help="torch threads (default 1)")
+    p.add_argument(
+        "--threads", type=positive, default=1, metavar="T", help="torch threads (--engine reference)"
+    )
     p.set_defaults(func=run)
+
+
+def _server_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("against a running server (--engine sglang)")
+    g.add_argument("--server", metavar="URL", help="the SGLang server (its /generate), tokens minted here")
+    g.add_argument(
+        "--context-key",
+        type=Path,
+        metavar="FILE",
+        help="with --server: the deployment's context key (SEMGOV_CONTEXT_KEY)",
+    )
+    g.add_argument("--audience", metavar="NAME", help="with --server: SEMGOV_CONTEXT_AUDIENCE of the server")
+    g.add_argument(
+        "--server-api-key-file",
+        type=Path,
+        metavar="FILE",
+        help="with --server: the server's --api-key, read from FILE",
+    )
+    g.add_argument(
+        "--gateway", metavar="URL", help="semgov gateway in front of the server (instead of --server)"
+    )
+    g.add_argument(
+        "--api-key-file",
+        type=Path,
+        metavar="FILE",
+        help="with --gateway: an API key whose tenants-file entry says calibrate: true",
+    )
+    g.add_argument(
+        "--audit",
+        type=Path,
+        action="append",
+        metavar="DIR",
+        help="the server's audit directory (SEMGOV_AUDIT_DIR; once per worker of a fleet)",
+    )
+    g.add_argument("--resume", action="store_true", help="continue the run in --out where it stopped")
+    g.add_argument("--budget-s", type=_seconds, metavar="S", help="start no pair past S seconds of the run")
+    g.add_argument("--max-pairs", type=positive, metavar="N", help="measure at most N pairs in all")
+    g.add_argument(
+        "--floor-pairs",
+        type=_non_negative,
+        default=3,
+        metavar="N",
+        help="pairs whose cold run is sent twice: the server's cold/cold floor (default 3)",
+    )
+    g.add_argument(
+        "--audit-wait-s",
+        type=_seconds,
+        default=30.0,
+        metavar="S",
+        help="how long to wait for a request's records in the audit log (default 30)",
+    )
+    g.add_argument(
+        "--request-timeout-s",
+        type=_seconds,
+        default=900.0,
+        metavar="S",
+        help="one request's timeout (default 900: a cold prefill of a long prompt on a big model)",
+    )
+
+
+VLLM_REFUSAL = (
+    "--engine vllm: calibration runs against SGLang only for now. vLLM 0.32's connector realizes no shifted "
+    "span behind a chat template (the token where the evidence joins the turn header differs, and it loads "
+    'only KV that continues vLLM\'s own prefix hit: docs/vllm.md "What it realizes"), so every pair would '
+    "compare a cold run with a cold run. Calibrate on SGLang serving the same model, or offline with "
+    "--engine reference."
+)
 
 
 def _harness() -> Any:
@@ -138,67 +256,225 @@ def _harness() -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from semgov import Keyring
-    from semgov.policy.calibration import aggregate, overlay_yaml, table
+    from semgov.calibrate.sample import trial_policy
     from semgov.policy.rego.loader import load_rego_policy
     from semgov.policy.yaml.model import POLICY_FILE, load_policy
 
+    if args.engine == "vllm":
+        raise InputError(VLLM_REFUSAL)
+    _check_mode(args)
     policy = load_policy(args.policy)
     base_file = args.policy / POLICY_FILE if args.policy.is_dir() else args.policy
     rego = load_rego_policy(args.rego) if args.rego is not None else None
     keyring = Keyring.load(args.trust)
     if not args.captured.exists():
         raise InputError("captured file not found", source=str(args.captured))
-    harness = _harness()
     try:
-        harness.trial_policy(policy)
+        trial_policy(policy)
     except ValueError as e:
         raise PolicyError(str(e), source=str(base_file)) from None
-    trials, meta = harness.run_calibration(
+    contracts = _contracts(args.contracts)
+    log = _silent if getattr(args, "quiet", False) else _progress
+    if args.engine == "reference":
+        trials, meta = _harness().run_calibration(
+            args.captured,
+            policy,
+            keyring,
+            model=args.model,
+            per_scope=args.sample,
+            methods=args.methods,
+            max_new_tokens=args.max_new_tokens,
+            seed=args.seed,
+            threads=args.threads,
+            log=log,
+        )
+    else:
+        from semgov.calibrate.engines import EngineUnreachable
+
+        try:
+            trials, meta = _on_server(args, policy, rego, keyring, contracts, log)
+        except EngineUnreachable as e:
+            from semgov.log import get_logger
+
+            get_logger().error(f"{e} (what was measured is kept in {args.out}: --resume continues)")
+            return 4
+    _write(args, policy, base_file, rego, trials, meta)
+    return 0
+
+
+def _progress(message: str) -> None:
+    """The run's progress, on stderr (``-q`` silences it)."""
+    print(message, file=sys.stderr)
+
+
+def _silent(message: str) -> None:
+    """``-q``: no progress."""
+
+
+def _check_mode(args: argparse.Namespace) -> None:
+    """The flags of the one place the pairs run, and none of the other's."""
+    server_flags = (
+        "server",
+        "gateway",
+        "audit",
+        "context_key",
+        "audience",
+        "api_key_file",
+        "budget_s",
+        "max_pairs",
+        "server_api_key_file",
+    )
+    if args.engine == "reference":
+        given = [f"--{f.replace('_', '-')}" for f in server_flags if getattr(args, f)] + (
+            ["--resume"] if args.resume else []
+        )
+        if given:
+            raise InputError(f"{', '.join(given)}: only with --engine sglang (a running server)")
+        return
+    if (args.server is None) == (args.gateway is None):
+        raise InputError(
+            "--engine sglang needs --server URL (with --context-key and --audience) or --gateway URL"
+        )
+    if args.server is not None and (args.context_key is None or args.audience is None):
+        raise InputError(
+            "--server needs --context-key FILE and --audience NAME: the calibration's tokens are minted here"
+        )
+    if args.gateway is not None and args.api_key_file is None:
+        raise InputError("--gateway needs --api-key-file FILE: a key whose entry says calibrate: true")
+    if not args.audit:
+        raise InputError(
+            "--engine sglang needs --audit DIR: reuse is counted from the server's own audit log"
+        )
+
+
+def _contracts(path: Path | None) -> Any | None:
+    if path is None:
+        return None
+    from semgov.contracts import load_contracts
+
+    return load_contracts(path)
+
+
+def _read_secret(path: Path, what: str) -> str:
+    try:
+        text = path.read_text().strip()
+    except OSError as e:
+        raise InputError(f"cannot read {what} ({e.strerror})", source=str(path)) from e
+    if not text:
+        raise InputError(f"{what} is empty", source=str(path))
+    return text
+
+
+def _on_server(
+    args: argparse.Namespace, policy: Any, rego: Any, keyring: Any, contracts: Any, log: Any
+) -> tuple[list[Any], dict[str, Any]]:
+    from semgov.calibrate.audit import ServerAudit
+    from semgov.calibrate.engines import Engine, SglangServer, ThroughGateway
+    from semgov.calibrate.run import RunConfig
+    from semgov.calibrate.server import run_against_server
+    from semgov.context import ContextKeys
+    from semgov.gateway.reload import read_context_key
+
+    engine: Engine
+    if args.server is not None:
+        keys = ContextKeys(read_context_key(args.context_key), args.audience)
+        api_key = (
+            _read_secret(args.server_api_key_file, "the server's API key")
+            if args.server_api_key_file
+            else None
+        )
+        engine = SglangServer(args.server, keys, api_key=api_key, timeout_s=args.request_timeout_s)
+    else:
+        engine = ThroughGateway(
+            args.gateway, _read_secret(args.api_key_file, "the API key"), timeout_s=args.request_timeout_s
+        )
+    revisions = {policy.revision} | ({rego.revision} if rego is not None else set())
+    config = RunConfig(
+        methods=tuple(args.methods),
+        max_new_tokens=args.max_new_tokens,
+        floor_runs=args.floor_pairs,
+        audit_wait_s=args.audit_wait_s,
+        budget_s=args.budget_s,
+        revisions=frozenset(revisions),
+    )
+    return run_against_server(
         args.captured,
         policy,
         keyring,
-        model=args.model,
+        engine=engine,
+        audit=ServerAudit(args.audit, keyring),
+        contracts=contracts,
+        out=args.out,
         per_scope=args.sample,
-        methods=args.methods,
-        max_new_tokens=args.max_new_tokens,
         seed=args.seed,
-        threads=args.threads,
-        log=lambda m: print(m, file=sys.stderr),
+        max_pairs=args.max_pairs,
+        config=config,
+        resume=args.resume,
+        log=log,
     )
-    results = aggregate(trials, args.methods, args.budget)
-    note = (
-        f"Calibrated by `semgov calibrate` from {base_file} (revision {policy.revision})\n"
-        f"on {meta['captured']}: "
-        f"{meta['sampled']} allowed candidates of {meta['requests']} requests, model {meta['model']}, "
-        f"methods {', '.join(args.methods)}, budget {args.budget:g} (95% upper bound)."
-    )
+
+
+def _note(args: argparse.Namespace, policy: Any, base_file: Path, meta: dict[str, Any], results: Any) -> str:
+    """The head of the written policy: what was measured, where, on which model, each plan's n."""
+    if meta.get("engine") == "server":
+        where = f"in the server {meta['server']} (model {meta['model']}, run {meta['run']})"
+    else:
+        where = f"on the CPU reference engine (model {meta['model']})"
+    lines = [
+        f"Calibrated by `semgov calibrate` {where}",
+        f"from {base_file} (revision {policy.revision}) on {meta['captured']}: {meta['sampled']} allowed "
+        f"candidates of {meta['requests']} requests; methods {', '.join(args.methods)}; budget "
+        f"{args.budget:g} (95% upper bound), at least {args.min_n} trials; answers compared "
+        + ("by the response contracts of " + str(args.contracts) if args.contracts else "token for token"),
+    ]
+    for s in results:
+        for m, c in s.shifted.items():
+            lo, hi = c.ci95
+            lines.append(
+                f"{s.task}/{s.contract} {m}: {c.regressions}/{c.n} regressions [95% {100 * lo:.1f}-"
+                f"{100 * hi:.1f}%], {c.changed_answers} changed answers, "
+                f"{c.changed_values} changed required values"
+            )
+    if meta.get("stopped"):
+        lines.append(f"Stopped early ({meta['stopped']}).")
+    return "\n".join(lines)
+
+
+def _write(
+    args: argparse.Namespace, policy: Any, base_file: Path, rego: Any, trials: list[Any], meta: dict[str, Any]
+) -> None:
+    from semgov.policy.calibration import aggregate, overlay_yaml, table
+    from semgov.policy.yaml.model import POLICY_FILE
+
+    results = aggregate(trials, args.methods, args.budget, args.min_n)
     (args.out / "yaml").mkdir(parents=True, exist_ok=True)
-    written = overlay_yaml(base_file.read_bytes(), str(base_file), results, note)
-    (args.out / "yaml" / POLICY_FILE).write_bytes(written)
+    note = _note(args, policy, base_file, meta, results)
+    (args.out / "yaml" / POLICY_FILE).write_bytes(
+        overlay_yaml(base_file.read_bytes(), str(base_file), results, note)
+    )
     if rego is not None:
         _write_rego(args.rego, args.out / "rego", results)
     report = {
         **meta,
         "methods": args.methods,
         "budget": args.budget,
+        "min_n": args.min_n,
+        "contracts": str(args.contracts) if args.contracts else None,
         "scopes": [
             {
                 "task": s.task,
                 "response_contract": s.contract,
-                "prefix": {"n": s.prefix.n, "regressions": s.prefix.regressions, "ci95": s.prefix.ci95},
-                "shifted": {
-                    m: {"n": c.n, "regressions": c.regressions, "ci95": c.ci95} for m, c in s.shifted.items()
-                },
+                "prefix": s.prefix.doc(),
+                "shifted": {m: c.doc() for m, c in s.shifted.items()},
                 "rule": s.rule(),
             }
             for s in results
         ],
     }
     (args.out / "calibration.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(table(results, args.methods, args.budget))
+    print(table(results, args.methods, args.budget, args.min_n))
     also = f", {args.out / 'rego'}" if rego is not None else ""
     print(f"wrote {args.out / 'yaml' / POLICY_FILE}{also} and {args.out / 'calibration.json'}")
-    return 0
 
 
 def _write_rego(src: Path, dst: Path, results: Any) -> None:

@@ -27,7 +27,7 @@ import yaml
 
 from semgov.errors import PolicyError
 from semgov.policy.yaml.model import parse_policy
-from semgov.stats import wilson
+from semgov.stats import BudgetVerdict, budget_verdict, wilson
 
 Kind = Literal["prefix", "shifted"]
 
@@ -66,19 +66,45 @@ class Trial:
     contract: str
     kind: Kind  # "shifted" when any approved span was shifted
     method: str  # the realization the warm run used (prefix trials: "as approved")
-    regressed: bool  # the warm answer differs from cold before any cold/cold rerun did
+    regressed: bool  # by the response contract's comparison: the answer, or its required values
+    changed_answer: bool | None = None  # the greedy answer differs at all (None: as ``regressed``)
+    changed_values: bool | None = None  # its required values differ (None: as ``regressed``)
 
 
 @dataclass(slots=True)
 class Cell:
-    """Trials of one scope, kind and method."""
+    """Trials of one scope, kind and method: regressions (what the contract counts), and both
+    figures a comparison gives: changed answers and changed required values."""
 
     n: int = 0
     regressions: int = 0
+    changed_answers: int = 0
+    changed_values: int = 0
 
     @property
     def ci95(self) -> tuple[float, float]:
         return wilson(self.regressions, self.n)
+
+    def add(self, t: Trial) -> None:
+        self.n += 1
+        self.regressions += t.regressed
+        self.changed_answers += t.regressed if t.changed_answer is None else t.changed_answer
+        self.changed_values += t.regressed if t.changed_values is None else t.changed_values
+
+    def verdict(self, budget: float, min_n: int) -> BudgetVerdict:
+        return budget_verdict(self.regressions, self.n, budget, min_n)
+
+    def doc(self) -> dict[str, Any]:
+        """The cell as ``calibration.json`` writes it."""
+        return {
+            "n": self.n,
+            "regressions": self.regressions,
+            "ci95": self.ci95,
+            "changed_answers": self.changed_answers,
+            "changed_answers_ci95": wilson(self.changed_answers, self.n),
+            "changed_required_values": self.changed_values,
+            "changed_required_values_ci95": wilson(self.changed_values, self.n),
+        }
 
 
 @dataclass(slots=True)
@@ -105,8 +131,12 @@ class ScopeResult:
         return {**base, "allow_shifted": True, **plan_settings(self.chosen)}
 
 
-def aggregate(trials: Iterable[Trial], methods: Sequence[str], budget: float) -> list[ScopeResult]:
-    """Per scope, sorted: counts per kind and method, and the first method within ``budget``."""
+def aggregate(
+    trials: Iterable[Trial], methods: Sequence[str], budget: float, min_n: int = 1
+) -> list[ScopeResult]:
+    """Per scope, sorted: counts per kind and method, and the first method within ``budget``
+    (:func:`semgov.stats.budget_verdict`: at least ``min_n`` trials and the 95% upper bound within
+    it; the rule canaries end probation by)."""
     if not 0.0 <= budget <= 1.0:
         raise ValueError(f"budget {budget} is not a rate in [0, 1]")
     for m in methods:
@@ -114,12 +144,14 @@ def aggregate(trials: Iterable[Trial], methods: Sequence[str], budget: float) ->
     scopes: dict[tuple[str, str], ScopeResult] = {}
     for t in trials:
         s = scopes.setdefault((t.task, t.contract), ScopeResult(t.task, t.contract))
-        cell = s.prefix if t.kind == "prefix" else s.shifted.setdefault(t.method, Cell())
-        cell.n += 1
-        cell.regressions += t.regressed
+        (s.prefix if t.kind == "prefix" else s.shifted.setdefault(t.method, Cell())).add(t)
     for s in scopes.values():
         s.chosen = next(
-            (m for m in methods if (c := s.shifted.get(m)) is not None and c.n and c.ci95[1] <= budget),
+            (
+                m
+                for m in methods
+                if (c := s.shifted.get(m)) is not None and c.verdict(budget, min_n).standing == "within"
+            ),
             None,
         )
     return [scopes[k] for k in sorted(scopes)]
@@ -244,11 +276,12 @@ def trial_source(source: Any, plan: str) -> Any:
     raise PolicyError(f"cannot calibrate a {type(source).__name__} policy", source=str(source))
 
 
-def table(results: Sequence[ScopeResult], methods: Sequence[str], budget: float) -> str:
-    """The terminal summary: per scope, prefix trials and shifted regressions per method."""
-    width = max(16, *(len(m) + 2 for m in methods))
+def table(results: Sequence[ScopeResult], methods: Sequence[str], budget: float, min_n: int = 1) -> str:
+    """The terminal summary: per scope, prefix trials and shifted regressions per method, with the
+    changed answers and changed required values beside each."""
+    width = max(24, *(len(m) + 2 for m in methods))
     head = " ".join(f"{m:>{width}}" for m in methods)
-    out = [f"{'task':<22}{'contract':<16}{'prefix':>10} shifted regressions [95% interval]: {head}  rule"]
+    out = [f"{'task':<22}{'contract':<16}{'prefix':>10} shifted regressions [95% interval] a/v: {head}  rule"]
     for s in results:
         cells = []
         for m in methods:
@@ -257,7 +290,9 @@ def table(results: Sequence[ScopeResult], methods: Sequence[str], budget: float)
                 cells.append(f"{'-':>{width}}")
             else:
                 lo, hi = c.ci95
-                cells.append(f"{f'{c.regressions}/{c.n} [{100 * lo:.0f}-{100 * hi:.0f}%]':>{width}}")
+                counts = f"{c.changed_answers}/{c.changed_values}"
+                text = f"{c.regressions}/{c.n} [{100 * lo:.0f}-{100 * hi:.0f}%] {counts}"
+                cells.append(f"{text:>{width}}")
         r = s.rule()
         what = (
             "none (no shifted trial)"
@@ -269,6 +304,11 @@ def table(results: Sequence[ScopeResult], methods: Sequence[str], budget: float)
             f"{' '.join(cells)}  {what}"
         )
     out.append(
-        f"budget: the first method whose regression rate's 95% upper bound is <= {100 * budget:g}% is kept"
+        "a/v: changed answers / changed required values (a regression is what the response contract "
+        'compares: docs/policy.md "Comparing answers")'
+    )
+    out.append(
+        f"budget: the first method with at least {min_n} trials whose regression rate's 95% upper bound "
+        f"is <= {100 * budget:g}% is kept"
     )
     return "\n".join(out)

@@ -258,6 +258,10 @@ class Keyring:
     def get(self, key_id: str) -> TrustedKey | None:
         return self._keys.get(key_id)
 
+    def trusted(self) -> dict[str, Ed25519PublicKey]:
+        """The keys not revoked, by id."""
+        return {k.key_id: k.public_key for k in self._keys.values() if not k.revoked}
+
     def naming(self, public_key: Ed25519PublicKey) -> list[TrustedKey]:
         """Every entry whose key material is ``public_key`` (revoked ones included), by id."""
         raw = _raw(public_key)

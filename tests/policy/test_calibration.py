@@ -273,8 +273,57 @@ def test_a_trial_of_a_policy_that_forbids_shifted_reuse_is_refused() -> None:
     from semgov.policy.calibration import trial_source
 
     text = (DEFAULT_POLICY_DIR / "policy.yaml").read_text()
-    p = parse_policy(text.replace("  allow_shifted: true\n", "  allow_shifted: false\n", 1).encode(), "p.yaml")
+    p = parse_policy(
+        text.replace("  allow_shifted: true\n", "  allow_shifted: false\n", 1).encode(), "p.yaml"
+    )
     with pytest.raises(PolicyError, match="nothing to calibrate"):
         trial_source(p, "none")
     with pytest.raises(ValueError, match="not a plan a policy can sign"):
         trial_source(load_policy(DEFAULT_POLICY_DIR), "selective:20%")
+
+
+def test_vllm_is_refused_saying_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--engine vllm exits 2 before anything runs, naming what vLLM cannot realize."""
+    args = [
+        "calibrate",
+        "x.jsonl",
+        "--policy",
+        str(DEFAULT_POLICY_DIR),
+        "--trust",
+        "k",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main([*args, "--engine", "vllm"]) == 2
+    assert "realizes no shifted span behind a chat template" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--server", "http://x"], "--server: only with --engine sglang"),
+        (["--engine", "sglang"], "needs --server URL"),
+        (["--engine", "sglang", "--server", "http://x"], "needs --context-key FILE and --audience NAME"),
+        (["--engine", "sglang", "--gateway", "http://x"], "needs --api-key-file"),
+        (
+            ["--engine", "sglang", "--server", "http://x", "--context-key", "k", "--audience", "a"],
+            "needs --audit DIR",
+        ),
+    ],
+)
+def test_the_place_pairs_run_takes_its_own_flags_only(
+    extra: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Server flags without --engine sglang, or sglang without a server, its keys or its audit log: exit 2."""
+    args = [
+        "calibrate",
+        "x.jsonl",
+        "--policy",
+        str(DEFAULT_POLICY_DIR),
+        "--trust",
+        "k",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main([*args, *extra]) == 2
+    assert needle in capsys.readouterr().err
