@@ -35,6 +35,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "semgov.cli.calibrate",
         "measure reuse's answer regressions on captured traffic; write the policy that stays in budget",
     ),
+    "contracts": (
+        "semgov.cli.contracts",
+        "check response contracts and compare two answers the way a contract says",
+    ),
     "docs": ("semgov.cli.docs", "read the documentation offline (topics: semgov docs)"),
 }
 
