@@ -217,6 +217,24 @@ def test_bench_takes_a_contracts_file_and_checks_it_before_the_model(
     assert seen == [harness.DEFAULT_CONTRACTS, tmp_path / "mine.yaml"]
 
 
+def test_the_wheel_ships_the_default_contracts_beside_the_harness(tmp_path: Path) -> None:
+    """A built wheel carries engine_hooks/reference/bench_contracts.yaml (bench's --contracts default)."""
+    import subprocess
+    import sys
+    import zipfile
+
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(root),
+         "-w", str(tmp_path)],
+        check=True, capture_output=True, timeout=600, cwd=str(tmp_path),
+    )  # fmt: skip
+    (wheel,) = tmp_path.glob("semgov-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        shipped = z.read("engine_hooks/reference/bench_contracts.yaml")
+    assert shipped == (root / "engine_hooks" / "reference" / "bench_contracts.yaml").read_bytes()
+
+
 def test_wilson_interval_is_the_textbook_one() -> None:
     """Wilson 95%: 0 of 30 is at most 11.4%, 3 of 10 is 10.8-60.3%; n = 0 says nothing (0-100%)."""
     assert [round(x, 3) for x in wilson(0, 30)] == [0.0, 0.114]
