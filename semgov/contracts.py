@@ -48,6 +48,7 @@ Loading is strict and pure (no I/O besides reading the file): every problem is a
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -304,6 +305,8 @@ class _Schema:
                 stack.extend((x, (*at, k)) for k, x in v.items())
             elif isinstance(v, list):
                 stack.extend((x, (*at, i)) for i, x in enumerate(v))
+            elif isinstance(v, float) and not math.isfinite(v):
+                raise self.error(f"not JSON data ({v})", at)
             elif not (v is None or isinstance(v, str | int | float | bool)):
                 raise self.error(f"not JSON data ({type(v).__name__})", at)
 

@@ -163,6 +163,7 @@ REFUSALS = [
     (_SCHEMA + "      properties: [a]\n", 7, "json_schema.properties: properties is a mapping"),
     (_SCHEMA + "      properties: {a: 3}\n", 7, "json_schema.properties.a: a property's schema is a mapping"),
     (_SCHEMA + "      default: 2026-01-01\n", 7, "json_schema.default: not JSON data (date)"),
+    (_SCHEMA + "      maximum: .inf\n", 7, "json_schema.maximum: not JSON data (inf)"),
     ("- just a list\n", 1, "a contracts file is a mapping"),
     ("", 1, "a contracts file is a mapping"),
     ("version: 1\ncontracts:\n  - {id: c, compare: exact\n", 4, "YAML syntax error"),
@@ -439,8 +440,7 @@ def test_an_answer_is_unchanged_against_itself(text: str, spec: ContractSpec) ->
 def test_a_regression_needs_a_difference_and_swapping_swaps_lost_and_gained(
     cold: str, warm: str, spec: ContractSpec
 ) -> None:
-    """regressed implies the texts differ; exact's values change with its answer; cold and warm swapped
-    swap lost and gained."""
+    """A regression needs differing texts, exact's figures are one, swapped answers swap lost and gained."""
     c = spec.compare_answers(cold, warm)
     if c.regressed:
         assert cold != warm

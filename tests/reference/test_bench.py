@@ -142,8 +142,7 @@ def test_regressions_carry_their_interval_in_results_report_and_summary(
 
 
 def test_answers_are_compared_by_their_response_contract(bench_out: tuple[Path, int, dict[str, Any]]) -> None:
-    """Every arm of every pair carries its contract's comparison; per cohort and arm, changed answers and
-    changed required values are those counts with their Wilson intervals, in results, report and summary."""
+    """Each arm's answer is compared by its contract; cohort and arm figures count them, with intervals."""
     out, _, results = bench_out
     assert results["contracts"]["source"].endswith("bench_contracts.yaml")
     assert any(
@@ -170,8 +169,7 @@ def test_answers_are_compared_by_their_response_contract(bench_out: tuple[Path, 
 
 
 def test_the_shipped_contracts_match_every_known_value_the_workload_asks_for() -> None:
-    """bench_contracts.yaml loads, and each pair's known value, in its evidence sentence, is a value of
-    its contract's patterns (lost when an answer drops that sentence)."""
+    """The shipped contracts name each pair's known value: dropping its evidence sentence loses it."""
     from engine_hooks.reference.bench import DEFAULT_CONTRACTS
     from semgov.contracts import load_contracts
 
@@ -190,8 +188,7 @@ def test_the_shipped_contracts_match_every_known_value_the_workload_asks_for() -
 def test_bench_takes_a_contracts_file_and_checks_it_before_the_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """--contracts FILE reaches the run's config (default: the shipped file); a file with a problem
-    stops the run before the model loads (exit 2, file:line)."""
+    """--contracts reaches the run (default: the shipped file); a bad file stops it before the model loads."""
     import engine_hooks.reference.bench as harness
     from semgov.errors import InputError
 
