@@ -8,6 +8,9 @@
   (``Evaluator(..., sink=...)``); :class:`AuditSink` puts them in an audit log.
 - :class:`CandidateProvider` finds donor candidates for a serving engine's hook
   (``SEMGOV_PROVIDER=module.path:callable``), returning :class:`Match` es.
+- :class:`Contracts` (``semgov.contracts.load_contracts``) gives each response contract's
+  :class:`ContractSpec`, which compares a cold and a warm answer into a :class:`Comparison` (what
+  canaries, calibration and benchmarks count as a regression).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from semgov.contracts import Comparison, Contracts, ContractSpec
 from semgov.policy.engine import ApprovedSpan, EngineResult, GateOutcome, PolicyEngine, PolicySource
 
 
@@ -90,6 +94,9 @@ __all__ = [
     "ApprovedSpan",
     "AuditSink",
     "CandidateProvider",
+    "Comparison",
+    "ContractSpec",
+    "Contracts",
     "DecisionSink",
     "EngineResult",
     "GateOutcome",

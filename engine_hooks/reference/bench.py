@@ -15,9 +15,12 @@ the same run:
   signing and audit hand-off are timed and added to the arm's TTFT.
 
 Reuse is counted only from the engine's realization events (KV physically copied). Quality is
-greedy agreement with the cold answer, KL(cold || warm) of the first token's distribution, and
-whether the answer states the required value the question asks for. A cold/cold noise floor is
-measured in the same run. Outputs: ``results.json``, ``report.md`` and PNG plots in ``out``.
+greedy agreement with the cold answer, KL(cold || warm) of the first token's distribution, the
+comparison the request's response contract says (:mod:`semgov.contracts`; ``cfg.contracts``, by
+default the workload's ``bench_contracts.yaml``: changed answers and changed required values), and
+whether the answer states the known value the question asks for (the workload's ground truth). A
+cold/cold noise floor is measured in the same run. Outputs: ``results.json``, ``report.md`` and PNG
+plots in ``out``.
 """
 
 # NOTE: long module: one benchmark harness (the arms, their timing, the statistics and the
@@ -60,6 +63,7 @@ from engine_hooks.reference.bench_workload import (
 from engine_hooks.reference.workload import QUALITY_GATED, common_prefix, rfc3339
 from semgov import CapturedRequest, Evaluator, load_policy
 from semgov.audit.store import AuditLog
+from semgov.contracts import Contracts, ContractSpec, load_contracts
 from semgov.facts.compute import FactContext, PreparedPrompt, compute_facts
 from semgov.stats import wilson
 from semgov.typing import AuditSink
@@ -70,6 +74,8 @@ Json = dict[str, Any]
 ARMS = ("exact_only", "similarity_only", "governed")
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_POLICY = ROOT / "policies" / "default"
+# How answers under the workload's two response contracts are compared (shipped with the package).
+DEFAULT_CONTRACTS = Path(__file__).with_name("bench_contracts.yaml")
 # How the ungoverned arms realize shifted spans (fixed, so figures stay comparable across policy
 # changes); the governed arm follows its record's plan.
 UNGOVERNED_RECOMPUTE: dict[str, Any] = {"recompute_share": 0.05, "min_recompute": 16}
@@ -92,6 +98,7 @@ class BenchConfig:
     max_new_tokens: int = 32
     overhead_samples: int = 30
     policy: Path = DEFAULT_POLICY
+    contracts: Path = DEFAULT_CONTRACTS
     cohorts: tuple[str, ...] = COHORTS
     seed: int = 7
     cache_dir: Path | None = None
@@ -112,6 +119,7 @@ class BenchConfig:
             max_new_tokens=self.max_new_tokens,
             overhead_samples=self.overhead_samples,
             policy=self.policy,
+            contracts=self.contracts,
             cohorts=self.cohorts,
             seed=self.seed,
             cache_dir=self.cache_dir,
@@ -215,9 +223,10 @@ def _timed(run: Runner, repeats: int) -> _Timed:
 class Bench:
     """One benchmark run's state: model, keys, evaluator, audit log."""
 
-    def __init__(self, cfg: BenchConfig, lm: mdl.LoadedModel) -> None:
+    def __init__(self, cfg: BenchConfig, lm: mdl.LoadedModel, contracts: Contracts | None = None) -> None:
         self.cfg = cfg
         self.lm = lm
+        self.contracts = contracts if contracts is not None else load_contracts(cfg.contracts)
         tok = lm.tokenizer
         self.tokenize = TextTokenizer(tok)
         stops = {tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")}
@@ -331,6 +340,10 @@ class Bench:
         textless = cand.model_copy(update={"prompt": cand.prompt.model_copy(update={"text": None})})
         self.evaluator.evaluate(req.model_copy(update={"candidates": [textless]}))
 
+    def contract(self, pair: Pair) -> ContractSpec:
+        """How the pair's answers are compared: its response contract's entry."""
+        return self.contracts.spec(pair.request.response_contract.model_dump())
+
     def arm_spans(self, arm: str, pair: Pair, lcp: int, verified: Sequence[SpanFacts]) -> list[Json]:
         """What the ungoverned arms materialize: the common prefix, or every verified span."""
         if arm == "exact_only":
@@ -385,6 +398,8 @@ class Bench:
             ],
             "tokenization_consistent": pair.recipient.consistent and pair.donor.consistent,
             "question": pair.question,
+            "response_contract": pair.request.response_contract.model_dump(),
+            "contract_spec": self.contract(pair).describe(),
             "required": pair.required,
             "cold": cold,
             "arms": arms,
@@ -451,6 +466,9 @@ class Bench:
             "greedy_agree": div is None,
             "first_divergence": div,
             "values_present": {v: value_present(v, text) for v in pair.required},
+            "contract": self.contract(pair)
+            .compare_answers(cold["answer"], text, cold_ids=cold["answer_ids"], warm_ids=answer_ids)
+            .as_dict(),
         }
 
     # the dedicated measurements
@@ -567,6 +585,19 @@ def classify(rows: list[Json], floor: Json) -> None:
             a["unsafe_materialization"] = unsafe and a["materialized_tokens"] > 0
 
 
+def _contract_counts(arms: Sequence[Json]) -> Json:
+    """Changed answers and changed required values by each pair's response contract, with their 95%
+    Wilson intervals."""
+    answers = sum(1 for a in arms if a["contract"]["answer_changed"])
+    values = sum(1 for a in arms if a["contract"]["values_changed"])
+    return {
+        "changed_answers": answers,
+        "changed_answers_ci95": wilson(answers, len(arms)),
+        "changed_required_values": values,
+        "changed_required_values_ci95": wilson(values, len(arms)),
+    }
+
+
 def _cohort_stats(rows: list[Json], arm: str) -> Json:
     arms = [r["arms"][arm] for r in rows]
     ratios = [a["ttft_ratio"] for a in arms if a["ttft_ratio"] is not None]
@@ -588,6 +619,7 @@ def _cohort_stats(rows: list[Json], arm: str) -> Json:
         "values_lost": (lost := sum(1 for a in arms if a["values_lost"])),
         "values_lost_ci95": wilson(lost, len(rows)),
         "wording_only": sum(1 for a in arms if not a["greedy_agree"] and not a["values_lost"]),
+        **_contract_counts(arms),
         "approved_tokens": sum(a["span_tokens"] for a in arms),
         "greedy_agree": sum(1 for a in arms if a["greedy_agree"]),
         "top1_agree": sum(1 for a in arms if a["top1_agree"]),
@@ -614,6 +646,7 @@ def summarize(rows: list[Json], cohorts: Sequence[str]) -> Json:
             "values_lost": (lost := sum(1 for a in arms if a["values_lost"])),
             "values_lost_ci95": wilson(lost, len(rows)),
             "wording_only": sum(1 for a in arms if not a["greedy_agree"] and not a["values_lost"]),
+            **_contract_counts(arms),
             "correct_answers": (ok := sum(1 for a in arms if all(a["values_present"].values()))),
             "prefill_tokens_avoided_per_correct": (
                 sum(a["prefill_tokens_avoided"] for a in arms) / ok if ok else None
@@ -748,6 +781,11 @@ def _results(bench: Bench, run: _Run, env: Json, started: str, t_start: float) -
             "max_pct_of_cold_ttft": max(pct, default=None),
         },
         "noise_floor": run.noise_floor,
+        "contracts": {
+            "source": bench.contracts.source,
+            "sha256": bench.contracts.digest,
+            "entries": [e.describe() for e in bench.contracts.entries],
+        },
         "audit_records": run.audit_records,
         "tokenization_consistent": all(r["tokenization_consistent"] for r in rows),
         "pairs": rows,
@@ -764,13 +802,14 @@ def run_bench(
     started = rfc3339(datetime.now(UTC))
     _pin_threads(cfg.threads or 1)
     cfg.out.mkdir(parents=True, exist_ok=True)
+    contracts = load_contracts(cfg.contracts)  # before the model: a bad file fails at once
     t0 = time.perf_counter()
     if lm is None:
         log(f"loading model {cfg.model} ...")
         dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
         lm = load_model(cfg.model, seed=cfg.seed, cache_dir=cfg.cache_dir, dtype=dtype)
     load_s = time.perf_counter() - t0
-    bench = Bench(cfg, lm)
+    bench = Bench(cfg, lm, contracts)
     try:
         run = _measure(bench, log)
     finally:
@@ -785,9 +824,44 @@ def run_bench(
     return results
 
 
-def _lost(c: Json) -> str:
-    lo, hi = c["values_lost_ci95"]
-    return f"{c['values_lost']}/{c['n']} [{100 * lo:.0f}-{100 * hi:.0f}%]"
+def _rate(s: Json, key: str, n: int) -> str:
+    """``k/n [lo-hi%]``: a count of ``s`` and its 95% interval."""
+    lo, hi = s[f"{key}_ci95"]
+    return f"{s[key]}/{n} [{100 * lo:.0f}-{100 * hi:.0f}%]"
+
+
+def _quality_lines(arms: Json) -> list[str]:
+    """Changed answers and changed required values by the response contracts, and the known value
+    lost (the workload's ground truth), per arm and per cohort, each with its 95% interval."""
+    lines = [
+        "",
+        f"{'arm':<16}{'changed answers [95%]':>24}{'changed required values [95%]':>31}"
+        f"{'known value lost [95%]':>24}{'avoided/correct':>17}",
+    ]
+    for a in ARMS:
+        s, n = arms[a], arms[a]["pairs"]
+        apc = s["prefill_tokens_avoided_per_correct"]
+        cells = [
+            _rate(s, "changed_answers", n),
+            _rate(s, "changed_required_values", n),
+            _rate(s, "values_lost", n),
+        ]
+        per = "-" if apc is None else f"{apc:.0f}"
+        lines.append(f"{a:<16}{cells[0]:>24}{cells[1]:>31}{cells[2]:>24}{per:>17}")
+    lines += [
+        "",
+        f"{'cohort':<16}{'n':>4}  similarity / governed, 95% intervals: changed answers; changed required "
+        "values (known value lost)",
+    ]
+    for c, g in arms["governed"]["cohorts"].items():
+        sim = arms["similarity_only"]["cohorts"][c]
+        n = g["n"]
+        cells = [f"{_rate(sim, k, n)} / {_rate(g, k, n)}" for k in _QUALITY_KEYS]
+        lines.append(f"{c:<16}{n:>4}  {cells[0]}; {cells[1]} ({cells[2]})")
+    return lines
+
+
+_QUALITY_KEYS = ("changed_answers", "changed_required_values", "values_lost")
 
 
 def summary(results: Json) -> str:
@@ -808,26 +882,7 @@ def summary(results: Json) -> str:
             "-" if (r := arms[a]["cohorts"][c]["median_ttft_ratio"]) is None else f"{r:.2f}" for a in ARMS
         )
         lines.append(f"{c:<14}{g['expect']:>7}{g['n']:>4}  {cells}")
-    lines.append("")
-    lines.append(
-        f"{'arm':<16}{'changed required values [95%]':>31}{'wording only':>14}{'avoided/correct':>17}"
-    )
-    for a in ARMS:
-        s = arms[a]
-        lo, hi = s["values_lost_ci95"]
-        apc = s["prefill_tokens_avoided_per_correct"]
-        cell = f"{s['values_lost']}/{s['pairs']} [{100 * lo:.0f}-{100 * hi:.0f}%]"
-        per = "-" if apc is None else f"{apc:.0f}"
-        lines.append(f"{a:<16}{cell:>31}{s['wording_only']:>14}{per:>17}")
-    lines.append("")
-    lines.append(
-        f"{'cohort':<16}{'n':>4}  changed required values, 95% interval: similarity / governed "
-        "(wording only: similarity / governed)"
-    )
-    for c, g in arms["governed"]["cohorts"].items():
-        sim = arms["similarity_only"]["cohorts"][c]
-        cells = " / ".join(_lost(arms[a]["cohorts"][c]) for a in ("similarity_only", "governed"))
-        lines.append(f"{c:<16}{g['n']:>4}  {cells}  ({sim['wording_only']} / {g['wording_only']})")
+    lines += _quality_lines(arms)
     nf = results["noise_floor"]
     same = (
         "bit-identical"
@@ -837,8 +892,8 @@ def summary(results: Json) -> str:
     lines.append(f"cold/cold floor: {nf['greedy_agree']} of {nf['n']} reruns gave the same answer, {same}")
     cold_ok = sum(g["values_present_cold"] for g in arms["governed"]["cohorts"].values())
     lines.append(
-        f"model limit: {cold_ok} of {arms['governed']['pairs']} cold answers state every required value "
-        "(a lost value can only be counted where cold stated it)"
+        f"model limit: {cold_ok} of {arms['governed']['pairs']} cold answers state the known value "
+        "(a lost known value can only be counted where cold stated it)"
     )
     pm, ov = results["prefix_measurement"], results["governance_overhead"]
     lines.append("")

@@ -21,6 +21,12 @@ def _ms(x: float | None, spec: str = ".1f") -> str:
     return "-" if x is None else format(1e3 * x, spec)
 
 
+def _rate(x: Json, key: str, n: int) -> str:
+    """``k/n [lo-hi%]``: a count and its 95% Wilson interval."""
+    lo, hi = x[f"{key}_ci95"]
+    return f"{x[key]}/{n} [{100 * lo:.0f}-{100 * hi:.0f}%]"
+
+
 def _cohorts(results: Json) -> list[str]:
     present = results["arms"]["governed"]["cohorts"]
     return [c for c in results["config"]["cohorts"] if c in present]
@@ -85,16 +91,18 @@ def plots(results: Json, out: Path) -> list[str]:
 def _arm_table(results: Json) -> list[str]:
     arms = results["arms"]
     out = [
-        "| arm | pairs | unsafe materializations | quality regressions | values lost | greedy = cold "
+        "| arm | pairs | unsafe materializations | quality regressions | changed answers [95%] "
+        "| changed required values [95%] | known value lost [95%] | greedy = cold "
         "| materialized tokens (pairs) | prefill tokens avoided | median TTFT cold/warm, all "
         "| median TTFT cold/warm, allow-expected |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for a in ARMS:
-        s = arms[a]
+        s, n = arms[a], arms[a]["pairs"]
         out.append(
             f"| {a} | {s['pairs']} | {s['unsafe_materializations']} | {s['quality_regressions']} "
-            f"| {s['values_lost']} | {s['greedy_agree']}/{s['pairs']} "
+            f"| {_rate(s, 'changed_answers', n)} | {_rate(s, 'changed_required_values', n)} "
+            f"| {_rate(s, 'values_lost', n)} | {s['greedy_agree']}/{n} "
             f"| {s['materialized_tokens']} ({s['materialized_pairs']}) | {s['prefill_tokens_avoided']} "
             f"| {_f(s['median_ttft_ratio'])}x (n={s['pairs']}) "
             f"| {_f(s['median_ttft_ratio_allow_expected'])}x (n={s['allow_expected_pairs']}) |"
@@ -109,7 +117,7 @@ def _cohort_table(results: Json) -> list[str]:
         "governed "
         "| materialized tokens (pairs) exact / similarity / governed | regressions exact / similarity / "
         "governed "
-        "| value stated: cold; warm exact / similarity / governed |",
+        "| known value stated: cold; warm exact / similarity / governed |",
         "|---|---|---:|---|---:|---|---|---|---|",
     ]
     for c in _cohorts(results):
@@ -147,7 +155,7 @@ def _quality_table(results: Json) -> list[str]:
 def _regression_table(results: Json) -> list[str]:
     arms = results["arms"]
     out = [
-        "| cohort | n | cold states the values | " + " | ".join(ARMS) + " |",
+        "| cohort | n | cold states the known value | " + " | ".join(ARMS) + " |",
         "|---|---:|---:|---|---|---|",
     ]
     for c in _cohorts(results):
@@ -161,11 +169,28 @@ def _regression_table(results: Json) -> list[str]:
     return out
 
 
+def _contract_table(results: Json) -> list[str]:
+    arms = results["arms"]
+    out = [
+        "| cohort | n | " + " | ".join(ARMS) + " |",
+        "|---|---:|---|---|---|",
+    ]
+    for c in _cohorts(results):
+        n = arms["governed"]["cohorts"][c]["n"]
+        cells = [
+            f"{_rate(x, 'changed_answers', n)}; {_rate(x, 'changed_required_values', n)}"
+            for x in (arms[a]["cohorts"][c] for a in ARMS)
+        ]
+        out.append(f"| {c} | {n} | " + " | ".join(cells) + " |")
+    return out
+
+
 def _pairs_table(results: Json) -> list[str]:
     out = [
         "| pair | expect | tokens | lcp | arm | action | materialized | computed | TTFT cold ms "
-        "| TTFT warm ms | ratio | greedy = cold | value cold -> warm | regression |",
-        "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---|---|---|",
+        "| TTFT warm ms | ratio | greedy = cold | known value cold -> warm | required values (contract) "
+        "| regression |",
+        "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---|---|---|---|",
     ]
     for r in results["pairs"]:
         cv = "yes" if all(r["cold"]["values_present"].values()) else "no"
@@ -173,11 +198,12 @@ def _pairs_table(results: Json) -> list[str]:
             x = r["arms"][a]
             wv = "yes" if all(x["values_present"].values()) else "no"
             agree = "yes" if x["greedy_agree"] else f"no (@{x['first_divergence']})"
+            kept = "changed" if x["contract"]["values_changed"] else "kept"
             out.append(
                 f"| {r['pair']} | {r['expect']} | {r['recipient_tokens']} | {r['common_prefix']} | {a} "
                 f"| {x['action']} | {x['materialized_tokens']} | {x['computed_tokens']} "
                 f"| {_ms(r['cold']['ttft_s'])} | {_ms(x['ttft_s'])} | {_f(x['ttft_ratio'])} | {agree} "
-                f"| {cv} -> {wv} | {'REGRESSION' if x['quality_regression'] else ''} |"
+                f"| {cv} -> {wv} | {kept} | {'REGRESSION' if x['quality_regression'] else ''} |"
             )
     return out
 
@@ -190,12 +216,12 @@ def _answers(results: Json) -> list[str]:
         for a in ARMS:
             x = r["arms"][a]
             if not x["greedy_agree"]:
-                out.append(f"  - {a}: {x['answer']!r}")
+                out.append(f"  - {a}: {x['answer']!r} ({x['contract']['detail']})")
     return out
 
 
 def _header(results: Json) -> list[str]:
-    env, cfg = results["environment"], results["config"]
+    env, cfg, contracts = results["environment"], results["config"], results["contracts"]
     mode = "--quick" if cfg["quick"] else "full"
     return [
         "# semgov bench report",
@@ -210,6 +236,8 @@ def _header(results: Json) -> list[str]:
         f"{env['prompt_tokens_max']} tokens (target {cfg['tokens']}); greedy answers of at most "
         f"{cfg['max_new_tokens']} tokens; {cfg['repeats']} timed prefill(s) per arm and pair (the fastest "
         "counts)",
+        f"- Response contracts: `{contracts['source']}` (sha256 `{contracts['sha256']}`): "
+        + "; ".join(contracts["entries"]),
     ]
 
 
@@ -224,7 +252,7 @@ def _tables(results: Json) -> list[str]:
         "Median TTFT ratio cold/warm per arm (higher is faster; the governed arm's warm TTFT includes its "
         "decision, signing and audit hand-off); KV materialized according to the engine's realization "
         "events; "
-        "quality regressions; pairs whose answer states the required value, cold and per arm.",
+        "quality regressions; pairs whose answer states the known value, cold and per arm.",
         "",
         *_cohort_table(results),
         "",
@@ -233,9 +261,15 @@ def _tables(results: Json) -> list[str]:
         "",
         *_quality_table(results),
         "",
+        "Changed answers; changed required values, per cohort and arm, each with its 95% Wilson interval, "
+        "as each pair's response contract compares them (the contracts file above; a changed answer "
+        "differs from cold's at all, token for token).",
+        "",
+        *_contract_table(results),
+        "",
         "Quality regressions per cohort and arm with their 95% Wilson interval (0 of n still allows a "
-        "rate up to the interval's top), and how many cold answers state every required value at all "
-        "(the model's limit: a lost value is only counted where cold stated it).",
+        "rate up to the interval's top), and how many cold answers state the known value at all "
+        "(the model's limit: a lost known value is only counted where cold stated it).",
         "",
         *_regression_table(results),
     ]
@@ -333,9 +367,12 @@ def _method_section(results: Json) -> list[str]:
         "not numerically.",
         "- Quality: greedy decoding (stops at `<|im_end|>`), cold vs warm; first divergence; KL(cold || "
         "warm) of "
-        "the first token's distribution; a required value is stated when its number is among the answer's "
-        "numbers. Quality regression: the warm answer loses a required value the cold answer stated, or "
-        "diverges from cold earlier than the cold/cold floor allows.",
+        "the first token's distribution; the answers compared as the request's response contract says "
+        "(`semgov.contracts`: a changed answer differs from cold's at all; a changed required value is a "
+        "figure the contract's patterns match in one answer and not the other); the known value (the "
+        "workload's ground truth, the figure the question asks for) is stated when its number is among "
+        "the answer's numbers. Quality regression: the warm answer loses a known value the cold answer "
+        "stated, or diverges from cold earlier than the cold/cold floor allows.",
     ]
 
 

@@ -49,7 +49,9 @@ def register(sub: Any) -> None:
         "three "
         "arms: exact_only (common prefix), similarity_only (every token-identical span when similarity "
         "clears the policy minimum) and governed (semgov decides). Measures TTFT, avoided prefill, "
-        "materialized KV (engine events), greedy answer quality and governance overhead; writes "
+        "materialized KV (engine events), greedy answer quality (changed answers and changed required "
+        "values as each request's response contract compares them, --contracts; the known value the "
+        "question asks for apart) and governance overhead; writes "
         "DIR/results.json, DIR/report.md and PNG plots. Needs the model extra: " + MODEL_EXTRA_HINT + ".",
     )
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory (created)")
@@ -95,6 +97,13 @@ def register(sub: Any) -> None:
         metavar="DIR",
         help="YAML policy the governed arm uses (default: policies/default of this checkout)",
     )
+    p.add_argument(
+        "--contracts",
+        type=Path,
+        metavar="FILE",
+        help="response contracts: how a warm answer is compared with cold's, per contract (default: the "
+        "workload's engine_hooks/reference/bench_contracts.yaml; `semgov contracts check FILE` lints one)",
+    )
     p.set_defaults(func=run)
 
 
@@ -130,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
     }
     if args.policy is not None:
         kw["policy"] = args.policy
+    if args.contracts is not None:
+        kw["contracts"] = args.contracts
     t0 = time.perf_counter()
     results = harness.run_bench(harness.BenchConfig(**kw), log=lambda m: print(m, file=sys.stderr))
     print(harness.summary(results))

@@ -35,6 +35,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "semgov.cli.calibrate",
         "measure reuse's answer regressions on captured traffic; write the policy that stays in budget",
     ),
+    "contracts": (
+        "semgov.cli.contracts",
+        "check response contracts and compare two answers the way a contract says",
+    ),
     "docs": ("semgov.cli.docs", "read the documentation offline (topics: semgov docs)"),
 }
 
@@ -44,7 +48,8 @@ HIDDEN = frozenset({"schema"})
 
 EPILOG = """\
 exit status: 0 success; 1 decisions differ from expectations or were made by errors alone
-(check), a policy change flips decisions (diff) or a signature failed;
+(check), a policy change flips decisions (diff), an answer regressed (contracts compare) or a
+signature failed;
 2 bad input (malformed lines, unreadable files, invalid policy or usage);
 3 `audit verify` without a key (UNVERIFIED: pass --pubkey, --keyring or --structure-only).
 Docs, offline: `semgov docs` lists the topics, `semgov docs policy` prints one."""

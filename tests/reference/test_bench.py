@@ -9,6 +9,7 @@ import hashlib
 import importlib
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +122,7 @@ def test_regressions_carry_their_interval_in_results_report_and_summary(
             lo, hi = c["quality_regression_ci95"]
             assert 0 <= lo <= c["quality_regressions"] / c["n"] <= hi <= 1
     report = (out / "report.md").read_text()
-    assert "| cohort | n | cold states the values | exact_only | similarity_only | governed |" in report
+    assert "| cohort | n | cold states the known value | exact_only | similarity_only | governed |" in report
     for arm in ARMS:
         s = results["arms"][arm]
         assert s["values_lost_ci95"] == list(wilson(s["values_lost"], s["pairs"]))
@@ -131,9 +132,104 @@ def test_regressions_carry_their_interval_in_results_report_and_summary(
             if not r["arms"][arm]["greedy_agree"] and not r["arms"][arm]["values_lost"]
         )
     text = summary(results)
-    assert "changed required values, 95% interval: similarity / governed" in text and "model limit: " in text
+    assert (
+        "similarity / governed, 95% intervals: changed answers; changed required values (known value lost)"
+        in text
+    )
+    assert "known value lost [95%]" in text and "model limit: " in text
     assert "cold/cold floor: 2 of 2 reruns gave the same answer, bit-identical" in text
     assert results["noise_floor"]["bit_identical"] is True
+
+
+def test_answers_are_compared_by_their_response_contract(bench_out: tuple[Path, int, dict[str, Any]]) -> None:
+    """Each arm's answer is compared by its contract; cohort and arm figures count them, with intervals."""
+    out, _, results = bench_out
+    assert results["contracts"]["source"].endswith("bench_contracts.yaml")
+    assert any(
+        e.startswith("financials (any revision): required_values") for e in results["contracts"]["entries"]
+    )
+    for r in results["pairs"]:
+        assert r["contract_spec"].startswith(r["response_contract"]["id"])
+        for arm in ARMS:
+            c = r["arms"][arm]["contract"]
+            assert c["answer_changed"] == (not r["arms"][arm]["greedy_agree"]), (r["pair"], arm)
+            assert c["regressed"] == c["values_changed"] and (not c["values_changed"] or c["answer_changed"])
+    for arm in ARMS:
+        for cohort, s in [("all", results["arms"][arm]), *results["arms"][arm]["cohorts"].items()]:
+            rows = [r for r in results["pairs"] if cohort in ("all", r["cohort"])]
+            values = sum(1 for r in rows if r["arms"][arm]["contract"]["values_changed"])
+            answers = sum(1 for r in rows if r["arms"][arm]["contract"]["answer_changed"])
+            assert (s["changed_required_values"], s["changed_answers"]) == (values, answers), (arm, cohort)
+            assert s["changed_required_values_ci95"] == list(wilson(values, len(rows)))
+            assert s["changed_answers_ci95"] == list(wilson(answers, len(rows)))
+    report = (out / "report.md").read_text()
+    assert "| changed answers [95%] | changed required values [95%] | known value lost [95%] |" in report
+    assert "- Response contracts: `" in report
+    assert "changed answers [95%]" in summary(results)
+
+
+def test_the_shipped_contracts_match_every_known_value_the_workload_asks_for() -> None:
+    """The shipped contracts name each pair's known value: dropping its evidence sentence loses it."""
+    from engine_hooks.reference.bench import DEFAULT_CONTRACTS
+    from semgov.contracts import load_contracts
+
+    contracts = load_contracts(DEFAULT_CONTRACTS)
+    assert {e.id for e in contracts.entries} == {"financials", "risk_summary"}
+    builder = WorkloadBuilder(_toy_tokenize, 300, BenchKeys.generate())
+    for pair in builder.pairs(3):
+        spec = contracts.spec(pair.request.response_contract.model_dump())
+        assert spec.compare == "required_values" and spec.patterns, pair.pair_id
+        (value,) = pair.required
+        sentence = next(s for s in pair.recipient.text.split(". ") if value in s)  # as the evidence says it
+        lost = spec.compare_answers(sentence, "It was not stated.").lost
+        assert any(v.split("=", 1)[1].startswith(value) for v in lost), (pair.pair_id, sentence, lost)
+
+
+def test_bench_takes_a_contracts_file_and_checks_it_before_the_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--contracts reaches the run (default: the shipped file); a bad file stops it before the model loads."""
+    import engine_hooks.reference.bench as harness
+    from semgov.errors import InputError
+
+    bad = tmp_path / "contracts.yaml"
+    bad.write_text("version: 1\ncontracts:\n  - id: financials\n    compare: required_values\n")
+    t0 = time.perf_counter()
+    assert (
+        main(["bench", "--quick", "--model", "tiny", "--out", str(tmp_path / "o"), "--contracts", str(bad)])
+        == 2
+    )
+    assert time.perf_counter() - t0 < 60
+    assert f"{bad}:3: compare: required_values takes exactly one of" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "results.json").exists()
+    seen: list[Path] = []
+
+    def record(cfg: Any, **_: Any) -> Any:
+        seen.append(cfg.contracts)
+        raise InputError("stopped here")
+
+    monkeypatch.setattr(harness, "run_bench", record)
+    for extra in ([], ["--contracts", str(tmp_path / "mine.yaml")]):
+        assert main(["bench", "--quick", "--out", str(tmp_path / "o"), *extra]) == 2
+    assert seen == [harness.DEFAULT_CONTRACTS, tmp_path / "mine.yaml"]
+
+
+def test_the_wheel_ships_the_default_contracts_beside_the_harness(tmp_path: Path) -> None:
+    """A built wheel carries engine_hooks/reference/bench_contracts.yaml (bench's --contracts default)."""
+    import subprocess
+    import sys
+    import zipfile
+
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(root),
+         "-w", str(tmp_path)],
+        check=True, capture_output=True, timeout=600, cwd=str(tmp_path),
+    )  # fmt: skip
+    (wheel,) = tmp_path.glob("semgov-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        shipped = z.read("engine_hooks/reference/bench_contracts.yaml")
+    assert shipped == (root / "engine_hooks" / "reference" / "bench_contracts.yaml").read_bytes()
 
 
 def test_wilson_interval_is_the_textbook_one() -> None:
