@@ -1,7 +1,8 @@
 """``semgov gateway``: the OpenAI-compatible gateway in front of the governed engines.
 
-``serve`` runs it; ``key`` makes an API key and the tenants-file entry that holds its hash;
-``context-key`` writes a new context key file; ``check`` checks a tenants file. docs/gateway.md
+``serve`` runs it; ``key`` makes an API key and the tenants-file entry that holds its hash
+(``--calibrate``: the key may send calibration requests); ``context-key`` writes a new context key
+file; ``check`` checks a tenants file and names the keys that may calibrate. docs/gateway.md
 is the worked deployment.
 """
 
@@ -27,7 +28,9 @@ namespace, task, response_contract; segment marks) against what the key allows (
 renders the chat template with the model's tokenizer, mints a signed context token (tenant,
 namespace, task, contract, segments, aud, exp, kid) and sends token ids and token to the engine's
 /v1/completions: SGLang with the semgov hook (--engine sglang) or vLLM with semgov's middleware
-and connector (--engine vllm), or a router in front of either. The tenants file and context key
+and connector (--engine vllm), or a router in front of either. POST /v1/semgov/calibrate takes
+`semgov calibrate --server` requests from keys whose entry says `calibrate: true` (SGLang only:
+501 with --engine vllm) and sends them to SGLang's /generate. The tenants file and context key
 are reloaded when they change (stable across two polls) and on SIGHUP. Metrics: GET /metrics.
 Logs: one JSON line per request on stderr, never a key, token or prompt."""
 
@@ -49,7 +52,8 @@ def register(sub: Any) -> None:
     t = ps.add_parser(
         "check",
         help="check a tenants file",
-        description="Exit 0 if FILE loads, 2 with file:line: problem if not.",
+        description="Exit 0 if FILE loads (and say which keys may send calibration requests), 2 with "
+        "file:line: problem if not.",
     )
     t.add_argument("tenants", type=Path, metavar="FILE")
     t.set_defaults(func=run_check)
@@ -162,6 +166,12 @@ def _key_parser(ps: Any) -> None:
         metavar="ID@SHA256",
         help="a response contract the key may claim; repeatable",
     )
+    k.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="the key may also send calibration requests (POST /v1/semgov/calibrate, for `semgov calibrate "
+        "--server`): writes `calibrate: true`",
+    )
     k.set_defaults(func=run_key)
 
 
@@ -268,6 +278,8 @@ def run_key(args: argparse.Namespace) -> int:
             dict(zip(("id", "schema_sha256"), _pair(c, "--contract"), strict=True)) for c in args.contract
         ],
     }  # fmt: skip
+    if args.calibrate:
+        entry["calibrate"] = True
     print(api_key)
     print("# add to the tenants file's `keys:` list:\n  - " + json.dumps(entry), file=sys.stderr)
     return 0
@@ -295,4 +307,17 @@ def run_check(args: argparse.Namespace) -> int:
 
     t = load_tenants(args.tenants)
     print(f"{args.tenants}: OK ({len(t.by_hash)} keys, {len(t.tenants)} tenants)")
+    print(_calibrating(sorted(k.id for k in t.by_hash.values() if k.calibrate)))
     return 0
+
+
+_SHOWN_KEYS = 20
+
+
+def _calibrating(ids: list[str]) -> str:
+    """The line naming the keys whose entry says ``calibrate: true`` (at most 20, each printable)."""
+    if not ids:
+        return "may calibrate: no key (add `calibrate: true` to a key's entry)"
+    shown = [i if i.isprintable() and i.isascii() else ascii(i) for i in ids[:_SHOWN_KEYS]]
+    more = f" and {len(ids) - _SHOWN_KEYS} more" if len(ids) > _SHOWN_KEYS else ""
+    return f"may calibrate ({len(ids)} keys): {', '.join(shown)}{more}"

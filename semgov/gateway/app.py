@@ -10,8 +10,15 @@ Nothing reaches an engine before every check passed, and every refusal is a 4xx 
 the handler catches what the client's input can cause, and anything else is a 500 with the
 request id, logged.
 
+Calibration requests (:meth:`Gateway.calibrate`, ``POST /v1/semgov/calibrate``) take the same path
+with their own body (:mod:`semgov.gateway.calibration`): a key whose entry says ``calibrate:
+true``, token ids sent as they are, a token with the calibration claim and the run's namespace,
+SGLang's ``/generate`` whatever ``--upstream-api`` says (501 before vLLM), and the engine's
+answer checked before it is returned.
+
 Logs: one JSON line per request (``gateway request``: request id, tenant, key id, route, status,
-outcome, milliseconds), never the API key, the token or the prompt.
+outcome, milliseconds; a calibration request's engine ``rid``), never the API key, the token or
+the prompt.
 """
 
 from __future__ import annotations
@@ -37,6 +44,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from semgov.context import ContextError, make_context_token
+from semgov.gateway.calibration import (
+    MAX_ANSWER_BYTES,
+    CalibrationCall,
+    answer_of,
+    engine_rid,
+    parse_calibration,
+    run_namespace,
+)
 from semgov.gateway.capture import CaptureConfig, EdgeCapture, Forwarded
 from semgov.gateway.fleet import (
     GenerateStream,
@@ -49,7 +64,7 @@ from semgov.gateway.metrics import GatewayMetrics
 from semgov.gateway.prompt import ModelTokenizer, Prompt
 from semgov.gateway.reload import Reloader
 from semgov.gateway.request import Parsed, parse_body
-from semgov.gateway.tenants import Refusal
+from semgov.gateway.tenants import KeyEntry, Refusal, authorize, may_calibrate
 from semgov.gateway.upstream import (
     Target,
     UpstreamError,
@@ -159,6 +174,7 @@ class _Outcome:
     prompt_tokens: int | None = None
     forwarded: Forwarded | None = None  # what the capture records once the engine answered in full
     routing_key: str | None = None  # the scope routing key the router hashes on (semgov.gateway.fleet)
+    engine_rid: str | None = None  # a calibration request's rid, as the engine's audit records name it
 
 
 class Gateway:
@@ -180,6 +196,7 @@ class Gateway:
         routes = [
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/v1/semgov/calibrate", self.calibrate, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/health", self._health, methods=["GET"]),
             Route("/metrics", self._metrics, methods=["GET"]),
@@ -251,7 +268,7 @@ class Gateway:
 
     # ---- one request ---------------------------------------------------------------------------
 
-    def _key(self, request: Request, out: _Outcome) -> Any:
+    def _key(self, request: Request, out: _Outcome) -> KeyEntry:
         key = self.reloader.tenants.lookup(api_key_of(request.headers, request.query_params))
         if key is None:
             raise Refusal(401, "bad_key", "the API key is not valid")
@@ -269,11 +286,7 @@ class Gateway:
         except Refusal as r:
             return self._refused(r, out)
         except Exception as e:  # noqa: BLE001 - a gateway bug: 500 with the request id, never a traceback
-            out.status, out.outcome = 500, "gateway_error"
-            self._done(out, reason=describe_error(e))
-            return self._error(
-                500, f"internal gateway error (request {out.request_id})", "server_error", out.request_id
-            )
+            return self._bug(out, e)
         out.prepare_s = time.perf_counter() - out.started
         self.metrics.prepare_seconds.labels(out.route).observe(out.prepare_s)
         try:
@@ -283,10 +296,8 @@ class Gateway:
             self._done(out)
             return self._error(e.status, e.message, "upstream_error", out.request_id)
 
-    def prepare(self, key: Any, parsed: Parsed, out: _Outcome) -> dict[str, Any]:
+    def prepare(self, key: KeyEntry, parsed: Parsed, out: _Outcome) -> dict[str, Any]:
         """The engine's body: claims authorized, prompt tokenized, token minted (raises :class:`Refusal`)."""
-        from semgov.gateway.tenants import authorize
-
         target = self.config.target
         if parsed.model is not None and parsed.model != target.model:
             raise Refusal(
@@ -328,6 +339,81 @@ class Gateway:
             request_id=out.request_id, fields=parsed.forward, stream=parsed.stream,
         )  # fmt: skip
 
+    # ---- calibration requests ---------------------------------------------------------------------
+
+    async def calibrate(self, request: Request) -> Response:
+        """Check, mint and forward one calibration request to SGLang's ``/generate``; its answer checked."""
+        out = _Outcome("gw-" + uuid.uuid4().hex, "calibrate", time.perf_counter())
+        try:
+            key = self._key(request, out)
+            if self.config.target.engine != "sglang":
+                raise Refusal(
+                    501,
+                    "calibration_engine",
+                    "calibration requests run against SGLang only: vLLM 0.32's connector cannot realize a "
+                    "shifted span behind a chat template, so a calibration there would measure nothing "
+                    '(docs/vllm.md, "What it realizes")',
+                )
+            may_calibrate(key, datetime.now(UTC))
+            raw = await read_body(request, self.config.max_body_bytes)
+            call = parse_calibration(
+                raw, max_ids=self.config.max_prompt_chars, vocab_size=self.tokenizer.vocab_size
+            )
+            body = _dumps(self.prepare_calibration(key, call, out))
+        except Refusal as r:
+            return self._refused(r, out)
+        except Exception as e:  # noqa: BLE001 - a gateway bug: 500 with the request id, never a traceback
+            return self._bug(out, e)
+        out.prepare_s = time.perf_counter() - out.started
+        self.metrics.prepare_seconds.labels(out.route).observe(out.prepare_s)
+        assert out.engine_rid is not None  # NOTE: set by prepare_calibration
+        try:
+            resp, sent = await self._send("/generate", body, out, stream=False)
+            answer = answer_of(
+                await self._read(resp, out, sent, limit=MAX_ANSWER_BYTES),
+                rid=out.engine_rid,
+                max_new_tokens=call.max_new_tokens,
+            )
+        except UpstreamError as e:
+            out.status, out.outcome = e.status, e.outcome
+            self._done(out)
+            return self._error(e.status, e.message, "upstream_error", out.request_id)
+        self._done(out)
+        return JSONResponse(answer, headers={"x-request-id": out.request_id})
+
+    def prepare_calibration(self, key: KeyEntry, call: CalibrationCall, out: _Outcome) -> dict[str, Any]:
+        """SGLang's ``/generate`` body of a calibration request: claims authorized, the run's namespace,
+        the token minted with the calibration claim, greedy (raises :class:`Refusal`)."""
+        target = self.config.target
+        grant = authorize(key, call.claims, datetime.now(UTC), where="")
+        namespace = run_namespace(grant.namespace, call.claim.run)
+        out.prompt_tokens = len(call.ids)
+        out.engine_rid = engine_rid(key.id, call.request_id)
+        try:
+            token = make_context_token(
+                self.reloader.context_key,
+                audience=self.config.audience,
+                tenant=grant.tenant,
+                namespace=namespace,
+                task=grant.task,
+                response_contract=grant.response_contract,
+                segments=call.segments,
+                lifetime_s=self.config.token_lifetime_s,
+                calibration=call.claim,
+            )
+        except ContextError as e:
+            raise Refusal(400, "claim_malformed", f"the calibration request cannot be signed: {e}") from e
+        if target.routing_key_header is not None:
+            # NOTE: the run's scope alone, never its evidence: every request of a run (donor, cold,
+            # recipient, release) lands on the worker that holds the run's donors.
+            out.routing_key = routing_key(
+                routing_secret(self.reloader.context_key), grant.tenant, namespace, (), ()
+            )
+        return generate_body(
+            model=target.model, ids=call.ids, token=token, request_id=out.engine_rid,
+            fields={"temperature": 0, "max_tokens": call.max_new_tokens}, stream=False,
+        )  # fmt: skip
+
     def _prompt(self, parsed: Parsed) -> Prompt:
         tok = self.tokenizer
         if parsed.chat:
@@ -342,9 +428,29 @@ class Gateway:
         """Send ``data`` (the engine's JSON body) to the engine; the client's response (raises
         :class:`UpstreamError`)."""
         target = self.config.target
+        resp, sent = await self._send(target.path, data, out, stream=parsed.stream)
+        if parsed.stream:
+            stream = self._relay(resp, parsed, out, sent)
+            return StreamingResponse(
+                stream, media_type="text/event-stream", headers={"x-request-id": out.request_id}
+            )
+        raw = await self._read(resp, out, sent)
+        if target.api == "generate":
+            raw = self._from_generate(raw)
+        content = orjson.dumps(chat_response(raw)) if parsed.chat else raw
+        self._done(out)
+        return Response(content, media_type="application/json", headers={"x-request-id": out.request_id})
+
+    async def _send(
+        self, path: str, data: bytes, out: _Outcome, *, stream: bool
+    ) -> tuple[aiohttp.ClientResponse, float]:
+        """POST ``data`` to the engine's ``path``: its 200 response and when it was sent (raises
+        :class:`UpstreamError`). The caller releases the response and decrements ``in_flight``
+        (:meth:`_read` does both)."""
+        target = self.config.target
         assert self.session is not None  # NOTE: set by start(), before the app serves
         timeout = aiohttp.ClientTimeout(
-            total=None if parsed.stream else target.timeout_s,
+            total=None if stream else target.timeout_s,
             connect=target.connect_timeout_s,
             sock_read=target.timeout_s,
         )
@@ -356,7 +462,7 @@ class Gateway:
         self.metrics.in_flight.inc()
         try:
             resp = await self.session.post(
-                target.base_url + target.path, data=data, headers=headers, timeout=timeout
+                target.base_url + path, data=data, headers=headers, timeout=timeout
             )
         except TimeoutError as e:
             self.metrics.in_flight.dec()
@@ -372,13 +478,26 @@ class Gateway:
             finally:
                 resp.release()
                 self.metrics.in_flight.dec()
-        if parsed.stream:
-            stream = self._relay(resp, parsed, out, sent)
-            return StreamingResponse(
-                stream, media_type="text/event-stream", headers={"x-request-id": out.request_id}
-            )
+        return resp, sent
+
+    async def _read(
+        self, resp: aiohttp.ClientResponse, out: _Outcome, sent: float, limit: int | None = None
+    ) -> bytes:
+        """The whole answer of ``resp`` (at most ``limit`` bytes, if given), released and timed
+        (raises :class:`UpstreamError`)."""
         try:
-            raw = await resp.read()
+            if limit is None:
+                raw = await resp.read()
+            else:
+                chunks, n = [], 0
+                async for chunk in resp.content.iter_chunked(64 << 10):
+                    n += len(chunk)
+                    if n > limit:
+                        raise UpstreamError(
+                            502, "upstream_error", f"the engine's answer is over {limit} bytes"
+                        )
+                    chunks.append(chunk)
+                raw = b"".join(chunks)
         except TimeoutError as e:
             raise UpstreamError(504, "timeout", "the engine did not answer in time") from e
         except aiohttp.ClientError as e:
@@ -390,11 +509,7 @@ class Gateway:
             self.metrics.in_flight.dec()
         out.upstream_s = time.perf_counter() - sent
         self.metrics.upstream_seconds.labels(out.route).observe(out.upstream_s)
-        if target.api == "generate":
-            raw = self._from_generate(raw)
-        content = orjson.dumps(chat_response(raw)) if parsed.chat else raw
-        self._done(out)
-        return Response(content, media_type="application/json", headers={"x-request-id": out.request_id})
+        return raw
 
     def _from_generate(self, raw: bytes) -> bytes:
         """SGLang's ``/generate`` answer as a completions answer (raises :class:`UpstreamError` 502)."""
@@ -477,6 +592,14 @@ class Gateway:
             resp.headers["www-authenticate"] = "Bearer"
         return resp
 
+    def _bug(self, out: _Outcome, e: Exception) -> Response:
+        """A gateway bug: 500 naming the request id, logged (never a traceback to the client)."""
+        out.status, out.outcome = 500, "gateway_error"
+        self._done(out, reason=describe_error(e))
+        return self._error(
+            500, f"internal gateway error (request {out.request_id})", "server_error", out.request_id
+        )
+
     @staticmethod
     def _error(status: int, message: str, kind: str, request_id: str) -> JSONResponse:
         return JSONResponse(
@@ -492,6 +615,7 @@ class Gateway:
             get_logger().info(
                 "gateway request", request_id=out.request_id, tenant=out.tenant, key_id=out.key_id,
                 route=out.route, status=out.status, outcome=out.outcome, reason=reason,
+                engine_rid=out.engine_rid,
                 prepare_ms=_ms(out.prepare_s), upstream_ms=_ms(out.upstream_s),
                 n_prompt_tokens=out.prompt_tokens,
                 total_ms=_ms(time.perf_counter() - out.started),

@@ -1,7 +1,8 @@
 """The gateway's Prometheus metrics, on a registry of its own (served at ``/metrics``).
 
 Every label value is bounded: ``tenant`` comes from the tenants file (``-`` before a key
-verified), ``route`` is ``chat`` or ``completions``, ``outcome`` and ``reason`` are fixed labels.
+verified), ``route`` is ``chat``, ``completions``, ``calibrate`` or ``models``, ``outcome`` and
+``reason`` are fixed labels.
 """
 
 from __future__ import annotations

@@ -14,11 +14,14 @@ its SHA-256 hash, and everything a request made with it may claim::
         response_contracts:
           - {id: answer-json, schema_sha256: 3a6e...}
         not_after: 2027-06-30T00:00:00Z   # optional: the key is refused from this instant on
+        calibrate: true              # optional (default false): may send calibration requests
 
 The tenant is the key's and nothing else: a client cannot name another. Namespace, task and
 response contract are *claims* the request makes (``semgov`` in its body); a claim the key does
 not allow is refused (:class:`Refusal`, HTTP 403). A claim left out defaults to the key's only
-allowed value when it has exactly one literal value, and is refused otherwise.
+allowed value when it has exactly one literal value, and is refused otherwise. A key may send
+calibration requests (``POST /v1/semgov/calibrate``, :mod:`semgov.gateway.calibration`) only if its
+entry says ``calibrate: true`` (:func:`may_calibrate`).
 
 API keys are 32 random bytes (:func:`new_api_key`), so one SHA-256 is the right hash: there is
 nothing to brute-force, and a lookup costs one hash, never a comparison per key.
@@ -52,6 +55,7 @@ __all__ = [
     "authorize",
     "hash_api_key",
     "load_tenants",
+    "may_calibrate",
     "new_api_key",
 ]
 
@@ -89,6 +93,7 @@ class KeyEntry(_Strict):
     tasks: list[TaskPattern] = Field(min_length=1, max_length=256)
     response_contracts: list[ContractRef] = Field(min_length=1, max_length=256)
     not_after: AwareDatetime | None = None
+    calibrate: bool = False  # may send calibration requests (POST /v1/semgov/calibrate)
 
 
 class _File(_Strict):
@@ -217,26 +222,26 @@ def _glob(pattern: str, value: str) -> bool:
     return re.fullmatch(".*".join(re.escape(p) for p in pattern.split("*")), value, re.DOTALL) is not None
 
 
-def _namespace(key: KeyEntry, claimed: str | None) -> str:
+def _namespace(key: KeyEntry, claimed: str | None, where: str) -> str:
     if claimed is None:
         literal = [p for p in key.namespaces if "*" not in p]
         if len(key.namespaces) == 1 and literal:
             return literal[0]
-        raise Refusal(400, "claim_missing", "semgov.namespace is required: this key may claim several")
+        raise Refusal(400, "claim_missing", f"{where}namespace is required: this key may claim several")
     if not _IDENT.fullmatch(claimed):
         raise Refusal(
-            400, "claim_malformed", "semgov.namespace must be 1..128 printable ASCII characters, no spaces"
+            400, "claim_malformed", f"{where}namespace must be 1..128 printable ASCII characters, no spaces"
         )
     if not any(_glob(p, claimed) for p in key.namespaces):
         raise Refusal(403, "namespace", f"this key may not claim namespace {claimed!r}")
     return claimed
 
 
-def _task(key: KeyEntry, claimed: dict[str, str] | None) -> dict[str, str]:
+def _task(key: KeyEntry, claimed: dict[str, str] | None, where: str) -> dict[str, str]:
     if claimed is None:
         if len(key.tasks) == 1 and key.tasks[0].version != "*":
             return {"id": key.tasks[0].id, "version": key.tasks[0].version}
-        raise Refusal(400, "claim_missing", "semgov.task is required: this key may claim several")
+        raise Refusal(400, "claim_missing", f"{where}task is required: this key may claim several")
     if not any(t.id == claimed["id"] and t.version in ("*", claimed["version"]) for t in key.tasks):
         raise Refusal(
             403, "task", f"this key may not claim task {claimed['id']!r} version {claimed['version']!r}"
@@ -244,13 +249,13 @@ def _task(key: KeyEntry, claimed: dict[str, str] | None) -> dict[str, str]:
     return dict(claimed)
 
 
-def _contract(key: KeyEntry, claimed: dict[str, str] | None) -> dict[str, str]:
+def _contract(key: KeyEntry, claimed: dict[str, str] | None, where: str) -> dict[str, str]:
     if claimed is None:
         if len(key.response_contracts) == 1:
             c = key.response_contracts[0]
             return {"id": c.id, "schema_sha256": c.schema_sha256}
         raise Refusal(
-            400, "claim_missing", "semgov.response_contract is required: this key may claim several"
+            400, "claim_missing", f"{where}response_contract is required: this key may claim several"
         )
     ok = any(
         c.id == claimed["id"] and c.schema_sha256 == claimed["schema_sha256"] for c in key.response_contracts
@@ -260,16 +265,32 @@ def _contract(key: KeyEntry, claimed: dict[str, str] | None) -> dict[str, str]:
     return dict(claimed)
 
 
-def authorize(key: KeyEntry, claims: Claims, now: datetime) -> Grant:
-    """The grant of ``claims`` under ``key`` at ``now`` (raises :class:`Refusal`).
-
-    NOTE: the key's expiry rounds toward refusal: a key is refused at ``not_after`` itself."""
+def _live(key: KeyEntry, now: datetime) -> None:
+    """Refuse an expired key (401). NOTE: rounds toward refusal: refused at ``not_after`` itself."""
     if key.not_after is not None and now >= key.not_after:
         raise Refusal(401, "key_expired", "this API key has expired")
+
+
+def may_calibrate(key: KeyEntry, now: datetime) -> None:
+    """Refuse a key that may not send calibration requests: expired (401), or its entry lacks
+    ``calibrate: true`` (403, reason ``calibration``)."""
+    _live(key, now)
+    if not key.calibrate:
+        raise Refusal(
+            403,
+            "calibration",
+            "this API key may not send calibration requests: its tenants-file entry needs `calibrate: true`",
+        )
+
+
+def authorize(key: KeyEntry, claims: Claims, now: datetime, *, where: str = "semgov.") -> Grant:
+    """The grant of ``claims`` under ``key`` at ``now`` (raises :class:`Refusal`); ``where``: what a
+    refusal puts before a claim's name (the member that holds the claims, in the request's body)."""
+    _live(key, now)
     return Grant(
         key_id=key.id,
         tenant=key.tenant,
-        namespace=_namespace(key, claims.namespace),
-        task=_task(key, claims.task),
-        response_contract=_contract(key, claims.response_contract),
+        namespace=_namespace(key, claims.namespace, where),
+        task=_task(key, claims.task, where),
+        response_contract=_contract(key, claims.response_contract, where),
     )

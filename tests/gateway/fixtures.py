@@ -35,7 +35,8 @@ def tokenizer_dir() -> Path:
     return cached_dirs(spec_for("smollm2-135m"))[1]
 
 
-def tenants_yaml(keys: dict[str, str] = KEYS, extra: str = "") -> str:
+def tenants_yaml(keys: dict[str, str] = KEYS, extra: str = "", calibrate: tuple[str, ...] = ()) -> str:
+    """The tenants file of ``keys``; the entries of the tenants in ``calibrate`` say ``calibrate: true``."""
     out = ["version: 1", "keys:"]
     for tenant, api_key in keys.items():
         out += [
@@ -48,13 +49,16 @@ def tenants_yaml(keys: dict[str, str] = KEYS, extra: str = "") -> str:
             "    response_contracts:",
             f"      - {{id: answer-json, schema_sha256: {SHA}}}",
         ]
+        out += ["    calibrate: true"] if tenant in calibrate else []
     return "\n".join(out) + "\n" + extra
 
 
-def write_files(directory: Path, keys: dict[str, str] = KEYS) -> tuple[Path, Path]:
+def write_files(
+    directory: Path, keys: dict[str, str] = KEYS, calibrate: tuple[str, ...] = ()
+) -> tuple[Path, Path]:
     """``(tenants file, context key file)`` in ``directory``."""
     tenants = directory / "tenants.yaml"
-    tenants.write_text(tenants_yaml(keys))
+    tenants.write_text(tenants_yaml(keys, calibrate=calibrate))
     key = directory / "context.key"
     key.write_bytes(b"k" * 32 + b"\n")
     return tenants, key
@@ -68,12 +72,38 @@ def free_port() -> int:
 
 @dataclass
 class FakeEngine:
-    """An HTTP stand-in for an engine's /v1/completions: records each body, answers per ``mode``."""
+    """An HTTP stand-in for an engine's /v1/completions and SGLang's /generate: records each body
+    (and, for /generate, its path and headers), answers per ``mode``; /generate answers
+    ``generate_answer`` when set."""
 
     mode: str = "ok"  # ok | stream | status:<n> | slow | break | garbage | badchunk
     bodies: list[dict[str, Any]] = field(default_factory=list)
     port: int = 0
     runner: web.AppRunner | None = None
+    generate_answer: bytes | None = None
+    paths: list[str] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        """SGLang's non-streamed /generate answer: ``output_ids``, ``text`` and ``meta_info``."""
+        body = await request.json()
+        self.bodies.append(body)
+        self.paths.append(request.path)
+        self.headers.append({k.lower(): v for k, v in request.headers.items()})
+        if self.mode.startswith("status:"):
+            code = int(self.mode.split(":")[1])
+            return web.json_response({"error": {"message": f"engine says {code}"}}, status=code)
+        if self.mode == "slow":
+            await asyncio.sleep(3)  # NOTE: past the 1 s timeout of the test that uses it
+        if self.generate_answer is not None:
+            return web.Response(body=self.generate_answer, content_type="application/json")
+        n = body["sampling_params"]["max_new_tokens"]
+        meta = {"id": body["rid"], "finish_reason": {"type": "length", "length": n},
+                "prompt_tokens": len(body["input_ids"]), "completion_tokens": n, "cached_tokens": 3,
+                "e2e_latency": 0.01}  # fmt: skip
+        return web.json_response(
+            {"text": "forty-two", "output_ids": list(range(7, 7 + n)), "meta_info": meta}
+        )
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -106,6 +136,7 @@ class FakeEngine:
     async def start(self) -> str:
         app = web.Application()
         app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/generate", self._generate)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         self.port = free_port()
@@ -119,6 +150,17 @@ class FakeEngine:
 
 async def sse(lines: AsyncIterator[str]) -> list[str]:
     return [line[6:] async for line in lines if line.startswith("data: ")]
+
+
+@dataclass(frozen=True)
+class GatewayOptions:
+    """Less common settings of :func:`serving`: tenants whose key may calibrate, the routing-key
+    header, the prompt bound, and a fixed /generate answer of the stand-in."""
+
+    calibrate: tuple[str, ...] = ()
+    routing_key_header: str | None = None
+    max_prompt_chars: int = 2_000_000
+    generate_answer: bytes | None = None
 
 
 Scenario = Callable[[httpx.AsyncClient, FakeEngine, Gateway], Awaitable[None]]
@@ -140,13 +182,21 @@ async def serving(
     engine: str = "sglang",
     timeout_s: float = 30,
     max_body_bytes: int = 8 << 20,
+    options: GatewayOptions | None = None,
 ) -> AsyncIterator[tuple[httpx.AsyncClient, FakeEngine, Gateway]]:
     """A gateway (tenants of :data:`KEYS`) before a :class:`FakeEngine`, and a client of it."""
-    tenants, key = write_files(tmp_path)
-    fake = FakeEngine(mode=mode)
+    opt = options or GatewayOptions()
+    tenants, key = write_files(tmp_path, calibrate=opt.calibrate)
+    fake = FakeEngine(mode=mode, generate_answer=opt.generate_answer)
     url = await fake.start()
-    target = Target(engine, url, "tiny", timeout_s=timeout_s, connect_timeout_s=2)  # type: ignore[arg-type]
-    config = GatewayConfig(tenants, key, AUDIENCE, target, tokenizer_dir(), max_body_bytes=max_body_bytes)
+    target = Target(
+        engine, url, "tiny", timeout_s=timeout_s, connect_timeout_s=2,  # type: ignore[arg-type]
+        routing_key_header=opt.routing_key_header,
+    )  # fmt: skip
+    config = GatewayConfig(
+        tenants, key, AUDIENCE, target, tokenizer_dir(), max_body_bytes=max_body_bytes,
+        max_prompt_chars=opt.max_prompt_chars,
+    )  # fmt: skip
     gw = Gateway(config, tokenizer=tokenizer())
     await gw.start()
     try:
@@ -166,13 +216,15 @@ def run(
     engine: str = "sglang",
     timeout_s: float = 30,
     max_body_bytes: int = 8 << 20,
+    options: GatewayOptions | None = None,
 ) -> None:
     """Run ``scenario`` against :func:`serving`'s gateway in a fresh event loop."""
 
     async def main() -> None:
         async with serving(
-            tmp_path, mode=mode, engine=engine, timeout_s=timeout_s, max_body_bytes=max_body_bytes
-        ) as (client, fake, gw):
+            tmp_path, mode=mode, engine=engine, timeout_s=timeout_s, max_body_bytes=max_body_bytes,
+            options=options,
+        ) as (client, fake, gw):  # fmt: skip
             await scenario(client, fake, gw)
 
     asyncio.run(main())

@@ -2,7 +2,8 @@
 
 The server serves the tiny model (dummy weights) with SmolLM2's tokenizer and chat template, so
 the gateway's token ids and segments are exactly what SGLang serves, and its answers are text.
-Two tenants send the same evidence; the engine's own audit log says what was realized.
+Two tenants send the same evidence; the engine's own audit log says what was realized. A
+calibration run's pair goes through ``POST /v1/semgov/calibrate``.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ class Deployment:
 
 def start_gateway(server: Server, work: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
     tenants = work / "tenants.yaml"
-    tenants.write_text(tenants_yaml())
+    tenants.write_text(tenants_yaml(calibrate=("acme",)))  # NOTE: acme's key may calibrate, globex's not
     port = free_port()
     log = work / "gateway.log"
     cmd = [sys.executable, "-m", "semgov.cli.main", "gateway", "serve", "--tenants", str(tenants),
@@ -253,3 +254,46 @@ def test_sixteen_concurrent_clients_with_aborts(deployment: Deployment) -> None:
     assert_healthy(d.server)
     metrics = httpx.get(d.url + "/metrics", timeout=30).text
     assert 'outcome="aborted"' in metrics
+
+
+def calibrate(d: Deployment, prompt: Any, role: str, label: str, plan: str | None = None) -> dict[str, Any]:
+    """One request of calibration run ``gw-run-1`` in acme/cal through the gateway's route: its answer."""
+    claim = {"run": "gw-run-1", "role": role, **({"plan": plan} if plan else {})}
+    body = {"request_id": f"gw-run-1.{label}", "input_ids": prompt.ids,
+            "segments": [list(s) for s in prompt.segments], "namespace": "acme/cal", "calibration": claim,
+            "max_new_tokens": 4}  # fmt: skip
+    r = d.post("/v1/semgov/calibrate", body)
+    assert r.status_code == 200, r.text
+    doc: dict[str, Any] = r.json()
+    assert doc["meta_info"]["prompt_tokens"] == len(prompt.ids) and 0 < len(doc["output_ids"]) <= 4
+    return doc
+
+
+def test_a_calibration_pair_through_the_route_realizes_the_donors_evidence(deployment: Deployment) -> None:
+    """Through the calibrate route a run's recipient realizes its donor's evidence under the plan; its
+    cold twin realizes nothing; after the run's release a recipient finds no donor."""
+    d = deployment
+    tok = ModelTokenizer(tokenizer_dir())
+    ev = evidence("calibrate")
+    donor = tok.chat(donor_chat(ev, "-")["messages"], ["system", "instruction", "evidence", "question"])
+    recipient = tok.chat(recipient_chat(ev, "-")["messages"], ["system", "evidence", "question"])
+    calibrate(d, donor, "donor", "donor")
+    settle(d.server)
+    cold = calibrate(d, recipient, "cold", "cold")
+    warm = calibrate(d, recipient, "recipient", "recipient", "bookend:16+256")
+    calibrate(d, donor, "release", "release")
+    settle(d.server)
+    late = calibrate(d, recipient, "recipient", "after-release", "bookend:16+256")
+    audit = summarize(read_audit(d.server.files.audit_dir, wait_s=20))
+    rid = warm["request_id"]
+    assert rid.startswith("semgov-calibrate-acme-app.") and rid.endswith("-gw-run-1.recipient")
+    assert audit.realized.get(rid, 0) >= 800, (audit.realized, audit.counts)
+    [allow] = [x for x in audit.decisions[rid] if x["decision"] == "allow"]
+    assert allow["namespace"] == "acme/cal/semgov-calibration/gw-run-1" and allow["tenant"] == "acme"
+    assert allow["policy"]["revision"].endswith("+calibrate:bookend:16+256"), allow["policy"]
+    assert audit.realized.get(cold["request_id"], 0) == 0 and cold["request_id"] not in audit.decisions
+    assert audit.realized.get(late["request_id"], 0) == 0, audit.realized
+    assert audit.counts.get("event:calibration_released", 0) >= 1, audit.counts
+    r = d.post("/v1/semgov/calibrate", {"request_id": "x"}, tenant="globex")  # NOTE: refused before the body
+    assert r.status_code == 403 and "calibrate: true" in r.json()["error"]["message"]
+    assert_healthy(d.server)
