@@ -27,6 +27,7 @@ BENCH = ROOT / "benchmarks"
 
 # NOTE: smoke runs that live with their own tests, not duplicated here
 ELSEWHERE = {
+    "calibration_loop.py": "tests/sglang_server/test_calibrate_server.py (a real server)",
     "gateway_latency.py": "tests/gateway/test_benchmark.py",
     "gpu_check.py": "tests/test_gpu_check.py (its CPU rehearsal)",
     "hostile.py": "tests/test_hostile.py",

@@ -106,7 +106,7 @@ def _loop(
         append_row(out, row)
         done[k] = row
         spent.append(row["seconds"])
-        eta = typical * (len(todo) - n - 1) if spent else 0.0
+        eta = sorted(spent)[len(spent) // 2] * (len(todo) - n - 1)  # NOTE: the median pair so far
         took = elapsed + row["seconds"]
         log(f"[{len(done)}/{len(cases)}] {_line(row)}  ({took:.0f} s, about {eta:.0f} s left)")
     return None

@@ -21,6 +21,9 @@ outcome, milliseconds; a calibration request's engine ``rid``), never the API ke
 the prompt.
 """
 
+# NOTE: long module: one ASGI app: every route's check, prepare and forward share its session,
+# metrics, request log and refusal mapping, and change together.
+
 from __future__ import annotations
 
 import asyncio
