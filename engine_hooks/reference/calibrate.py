@@ -44,8 +44,13 @@ def run_calibration(
     seed: int = 7,
     threads: int = 1,
     log: Callable[[str], None] = print,
+    contracts: Any | None = None,
 ) -> tuple[list[Trial], dict[str, Any]]:
-    """Trials for every sampled case and method, and what was run (for ``calibration.json``)."""
+    """Trials for every sampled case and method, and what was run (for ``calibration.json``).
+
+    With ``contracts`` (:func:`semgov.contracts.load_contracts`) a regression is what each request's
+    response contract compares, on the decoded answers; else a changed greedy answer (before any
+    cold/cold rerun diverged). Both figures are kept per trial."""
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     hows = [realize.parse(m) for m in methods]
@@ -56,7 +61,7 @@ def run_calibration(
         f"(at most {per_scope} per scope and kind; shifted spans tried everywhere)"
     )
     lm = load_model(model, seed=seed)
-    runs: list[tuple[Any, str, int | None]] = []  # (case, method, first divergence)
+    runs: list[tuple[Any, str, int | None, Any]] = []  # (case, method, first divergence, comparison)
     floor: list[int | None] = []
     for i, case in enumerate(cases):
         req = case.request
@@ -72,20 +77,27 @@ def run_calibration(
                 lm, ids, donor, case.record["approved_spans"], how, decision_id="calibrate"
             )
             name = how.name if case.kind == "shifted" else "as approved"
-            runs.append((case, name, first_divergence(answer, mz.greedy(lm, warm, max_new_tokens))))
+            out = mz.greedy(lm, warm, max_new_tokens)
+            runs.append(
+                (case, name, first_divergence(answer, out), _compare(contracts, lm, req, answer, out))
+            )
         log(f"[{i + 1}/{len(cases)}] {req.request_id} {case.kind} {req.task.id}/{req.response_contract.id}")
     divergent = [d for d in floor if d is not None]
     limit = min(divergent) if divergent else None
-    trials = [
-        Trial(
-            task=c.request.task.id,
-            contract=c.request.response_contract.id,
-            kind="shifted" if c.kind == "shifted" else "prefix",
-            method=m,
-            regressed=d is not None and (limit is None or d < limit),
+    trials = []
+    for c, m, d, cmp in runs:
+        changed = d is not None and (limit is None or d < limit)
+        trials.append(
+            Trial(
+                task=c.request.task.id,
+                contract=c.request.response_contract.id,
+                kind="shifted" if c.kind == "shifted" else "prefix",
+                method=m,
+                regressed=changed if cmp is None else bool(cmp.regressed),
+                changed_answer=changed,
+                changed_values=changed if cmp is None else bool(cmp.values_changed),
+            )
         )
-        for c, m, d in runs
-    ]
     meta = {
         "captured": str(captured),
         "requests": requests,
@@ -96,3 +108,13 @@ def run_calibration(
         "seconds": round(time.perf_counter() - t0, 1),
     }
     return trials, meta
+
+
+def _compare(contracts: Any | None, lm: Any, req: Any, cold: Sequence[int], warm: Sequence[int]) -> Any:
+    """The response contract's comparison of two greedy answers (None without contracts)."""
+    if contracts is None:
+        return None
+    decode = lm.tokenizer.decode
+    spec = contracts.spec(req.response_contract.model_dump())
+    texts = [decode(list(x), skip_special_tokens=True).strip() for x in (cold, warm)]
+    return spec.compare_answers(*texts, cold_ids=list(cold), warm_ids=list(warm))

@@ -287,6 +287,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             threads=args.threads,
             log=log,
+            contracts=contracts,
         )
     else:
         from semgov.calibrate.engines import EngineUnreachable

@@ -327,3 +327,30 @@ def test_the_place_pairs_run_takes_its_own_flags_only(
     ]
     assert main([*args, *extra]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_the_reference_engine_compares_by_the_response_contract(tmp_path: Path) -> None:
+    """--contracts on the reference engine: both figures are counted per cell and written, the
+    contracts file is named in calibration.json, and a bad contracts file stops the run (exit 2)."""
+    cap = _small_capture(tmp_path, 60)
+    args = ["calibrate", str(cap), "--policy", str(DEFAULT_POLICY_DIR), "--trust", str(EX / "keyring.json")]
+    args += [
+        "--model",
+        "tiny",
+        "--sample",
+        "2",
+        "--methods",
+        "none",
+        "--contracts",
+        str(EX / "contracts.yaml"),
+    ]
+    assert main([*args, "--out", str(tmp_path / "o")]) == 0
+    report = json.loads((tmp_path / "o" / "calibration.json").read_text())
+    assert report["contracts"] == str(EX / "contracts.yaml")
+    cells = [c for s in report["scopes"] for c in s["shifted"].values()]
+    assert cells and all(
+        {"changed_answers", "changed_required_values", "regressions"} <= set(c) for c in cells
+    )
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\ncontracts: [{id: x, compare: sometimes}]\n")
+    assert main([*args[:-1], str(bad), "--out", str(tmp_path / "o2")]) == 2
